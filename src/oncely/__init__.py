@@ -1,0 +1,47 @@
+"""oncely: scheduled and background jobs whose effects happen once.
+
+The public API; everything else is an implementation detail.
+"""
+
+from __future__ import annotations
+
+from .app import Oncely
+from .errors import (
+    BadInputError,
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    JobTransactionError,
+    OncelyError,
+    SchemaMissingError,
+    UnknownJobError,
+)
+from .model import Claim, RunResult, RunStatus, Slot
+from .schedule import CronSchedule, EverySchedule, Schedule, cron, every
+from .store.claims import claim_run, claim_run_sync
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadInputError",
+    "Claim",
+    "ConfigError",
+    "CronSchedule",
+    "DatabaseError",
+    "DatabaseUnavailableError",
+    "EverySchedule",
+    "JobTransactionError",
+    "Oncely",
+    "OncelyError",
+    "RunResult",
+    "RunStatus",
+    "Schedule",
+    "SchemaMissingError",
+    "Slot",
+    "UnknownJobError",
+    "__version__",
+    "claim_run",
+    "claim_run_sync",
+    "cron",
+    "every",
+]

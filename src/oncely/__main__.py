@@ -1,0 +1,5 @@
+"""`python -m oncely` is the `oncely` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,161 @@
+"""`Oncely`: the one object users build; it wires the registry, the store and the runner."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from . import clock
+from .errors import BadInputError, ConfigError
+from .identity import replica_id
+from .model import Claim, RunResult, RunStatus, Slot
+from .registry import JobFunc, KeyFunc, Registry
+from .runner import run_slot
+from .schedule import Schedule
+from .store import Store
+
+F = TypeVar("F", bound=JobFunc)
+
+DEFAULT_DATABASE_URL = "sqlite:///oncely.db"
+Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
+
+
+def _database_from_env() -> str:
+    return os.environ.get("ONCELY_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+class Oncely:
+    """Jobs whose effects happen once, on one database.
+
+    `database` is a URL (`postgresql://…`, `sqlite:///…`), an AsyncEngine, or an
+    async_sessionmaker; by default `$ONCELY_DATABASE_URL`, else the SQLite file `oncely.db`
+    in the working directory. Nothing connects until the first call that needs the database.
+    """
+
+    def __init__(self, database: Database | None = None) -> None:
+        self.registry = Registry()
+        self._database: Database = database if database is not None else _database_from_env()
+        self._store: Store | None = None
+
+    # -- configuration ------------------------------------------------------------------
+
+    def use_database(self, database: Database) -> None:
+        """Point the app at another database (e.g. the CLI's --database-url); before first use."""
+        if self._store is not None:
+            raise ConfigError("use_database() must be called before the app touches the database")
+        self._database = database
+
+    @property
+    def store(self) -> Store:
+        """The app's store, built on first use."""
+        if self._store is None:
+            self._store = _build_store(self._database)
+        return self._store
+
+    def job(
+        self, schedule: Schedule, *, name: str | None = None, key: KeyFunc | None = None
+    ) -> Callable[[F], F]:
+        """Register `f(db, now)` to run once per slot of `schedule`.
+
+        `db` is an AsyncSession (a Session for a plain `def`) in an open transaction that
+        also holds the slot's claim; `now` is the slot's nominal time in the schedule's zone.
+        The job never commits: returning commits, raising rolls back and frees the slot.
+        """
+
+        def register(func: F) -> F:
+            self.registry.add_job(schedule, func, name=name, key=key)
+            return func
+
+        return register
+
+    # -- slots --------------------------------------------------------------------------
+
+    def slot(self, job: str, now: datetime | None = None) -> Slot:
+        """The slot a run at `now` (default: the current time) belongs to: the latest due one."""
+        definition = self.registry.job(job)
+        at = _aware(now) if now is not None else clock.utcnow()
+        slot = definition.schedule.latest_at_or_before(at)
+        if slot is None:
+            raise BadInputError(f"job {job!r} has no slot at or before {at.isoformat()}")
+        return Slot(job=definition.name, key=definition.key_for(slot), at=slot)
+
+    def next_slots(self, job: str, after: datetime | None = None, n: int = 1) -> list[datetime]:
+        """The next `n` slot times of a job strictly after `after` (default: now)."""
+        definition = self.registry.job(job)
+        start = _aware(after) if after is not None else clock.utcnow()
+        slots: list[datetime] = []
+        for slot in definition.schedule.slots_after(start):
+            if len(slots) >= n:
+                break
+            slots.append(slot)
+        return slots
+
+    # -- running ------------------------------------------------------------------------
+
+    async def attempt(self, job: str, now: datetime | None = None) -> RunResult:
+        """Run the slot due at `now` once if nobody has; a job's error comes back as `failed`."""
+        slot = self.slot(job, now)
+        await self.store.ensure_schema()
+        return await run_slot(self.store, self.registry.job(job), slot.at, slot.key, replica_id())
+
+    async def run(self, job: str, now: datetime | None = None) -> RunResult:
+        """Run the slot due at `now` once if nobody has; re-raise the job's error after rollback.
+
+        Returns `ran`, `skipped` (claimed before: the job was not called) or `busy` (someone
+        is running it right now: returned at once, without waiting).
+        """
+        result = await self.attempt(job, now)
+        if result.status is RunStatus.FAILED and result.error is not None:
+            raise result.error
+        return result
+
+    # -- the ledger ---------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Create or upgrade oncely's tables (idempotent); the migration versions applied."""
+        return await self.store.migrate()
+
+    async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
+        """Claims newest first: who ran each slot, when, and how long it took."""
+        if job is not None:
+            self.registry.job(job)
+        return await self.store.history(job, limit)
+
+    async def last_runs(self) -> dict[str, Claim]:
+        """The newest claim of each job that has one."""
+        return await self.store.last_claims()
+
+    async def release(self, job: str, key: str) -> Claim | None:
+        """Delete one claim so its slot can run again; the claim deleted, or None."""
+        return await self.store.release(job, key)
+
+    async def aclose(self) -> None:
+        """Release the connection pool oncely opened (a user's engine stays open)."""
+        if self._store is not None:
+            await self._store.dispose()
+
+
+def _aware(t: datetime) -> datetime:
+    if t.tzinfo is None or t.utcoffset() is None:
+        raise BadInputError(f"time {t.isoformat()} has no UTC offset; pass a timezone-aware time")
+    return t
+
+
+def _build_store(database: Database) -> Store:
+    if isinstance(database, str):
+        return Store.from_url(database)
+    if isinstance(database, AsyncEngine):
+        return Store(database, owns_engine=False)
+    if isinstance(database, async_sessionmaker):
+        bind = database.kw.get("bind")
+        if isinstance(bind, AsyncEngine):
+            return Store(bind, owns_engine=False)
+        raise ConfigError("the async_sessionmaker passed to Oncely() has no AsyncEngine bind")
+    raise ConfigError(
+        f"Oncely() takes a database URL, an AsyncEngine or an async_sessionmaker, "
+        f"not {type(database).__name__}"
+    )

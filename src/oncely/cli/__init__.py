@@ -1,0 +1,266 @@
+"""The `oncely` command: parse, call the public API, render. Exit codes:
+
+0  ran, skipped or busy (or the command did what it was asked)
+1  the job raised: its work was rolled back and the slot is free
+2  usage or configuration error: bad arguments, unknown job, bad --app,
+   database unreachable, schema missing
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+
+from ..app import Oncely
+from ..errors import BadInputError, OncelyError
+from ..model import RunStatus
+from . import render
+from .loading import load_app
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
+
+
+class Context:
+    """What the group's options resolve to, shared by every command."""
+
+    def __init__(self, app_spec: str | None, database_url: str | None) -> None:
+        self.app_spec = app_spec
+        self.database_url = database_url
+        self._app: Oncely | None = None
+
+    @property
+    def app(self) -> Oncely:
+        if self._app is None:
+            app = load_app(self.app_spec)
+            if self.database_url:
+                app.use_database(self.database_url)
+            self._app = app
+        return self._app
+
+    def call(self, work: Callable[[Oncely], Awaitable[T]]) -> T:
+        """Run one async call against the app, then close its pool."""
+
+        async def go() -> T:
+            app = self.app
+            try:
+                return await work(app)
+            finally:
+                await app.aclose()
+
+        return asyncio.run(go())
+
+
+def fail(message: str) -> None:
+    """Print an error and exit with the usage/configuration code."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def handled(func: Callable[..., None]) -> Callable[..., None]:
+    """Turn oncely's errors into one clear line on stderr and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            func(*args, **kwargs)
+        except OncelyError as exc:
+            fail(str(exc))
+
+    return wrapper
+
+
+def parse_time(value: str | None, option: str) -> datetime | None:
+    """An ISO-8601 time with a UTC offset (`Z` allowed), or None."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInputError(
+            f"bad {option} {value!r}: use ISO-8601 with a UTC offset, "
+            "e.g. 2026-11-27T18:00:00-06:00 or 2026-11-28T00:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        raise BadInputError(
+            f"bad {option} {value!r}: it has no UTC offset; add one, "
+            "e.g. 2026-11-27T18:00:00-06:00 or …Z"
+        )
+    return parsed
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--app",
+    "app_spec",
+    envvar="ONCELY_APP",
+    metavar="MODULE:ATTR",
+    help="Where your Oncely app lives, e.g. myproject.jobs:app [env ONCELY_APP].",
+)
+@click.option(
+    "--database-url",
+    envvar="ONCELY_DATABASE_URL",
+    metavar="URL",
+    help="Database to use instead of the app's own [env ONCELY_DATABASE_URL].",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Level of the log events printed on stderr.",
+)
+@click.version_option(package_name="oncely")
+@click.pass_context
+def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_level: str) -> None:
+    """oncely: scheduled and background jobs whose effects happen once."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    ctx.obj = Context(app_spec, database_url)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--now", metavar="ISO", help="Run the slot due at this time (default: now).")
+@click.pass_obj
+@handled
+def run(obj: Context, job: str, now: str | None) -> None:
+    """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes)."""
+    at = parse_time(now, "--now")
+    obj.app.registry.job(job)  # unknown job: exit 2 before touching the database
+    result = obj.call(lambda app: app.attempt(job, at))
+    if result.status is RunStatus.FAILED:
+        err = result.error
+        if err is not None:
+            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        click.echo(render.run_line(result), err=True)
+        sys.exit(EXIT_JOB_FAILED)
+    click.echo(render.run_line(result))
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def list_jobs(obj: Context, as_json: bool) -> None:
+    """List the jobs: schedule, zone, next slot and last run."""
+    app = obj.app
+    last = obj.call(lambda a: a.last_runs()) if len(app.registry) else {}
+    jobs = [(job, app.next_slots(job.name), last.get(job.name)) for job in app.registry]
+    if as_json:
+        click.echo(render.dumps([render.job_dict(*entry) for entry in jobs]))
+        return
+    headers = ["NAME", "SCHEDULE", "ZONE", "NEXT", "LAST RUN"]
+    click.echo(render.table(headers, [render.job_row(*entry) for entry in jobs]))
+
+
+@cli.command("next")
+@click.argument("job")
+@click.option(
+    "-n",
+    "count",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="How many slots.",
+)
+@click.option("--after", metavar="ISO", help="Start after this time (default: now).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def next_slots(obj: Context, job: str, count: int, after: str | None, as_json: bool) -> None:
+    """Print the next slot times of JOB, one per line, in the job's zone."""
+    slots = obj.app.next_slots(job, parse_time(after, "--after"), count)
+    definition = obj.app.registry.job(job)
+    if as_json:
+        click.echo(
+            render.dumps([{"slot": render.iso(s), "key": definition.key_for(s)} for s in slots])
+        )
+        return
+    for slot in slots:
+        click.echo(render.iso(slot))
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 100000),
+    help="How many claims.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
+    """Show claims newest first: who ran each slot, when, and for how long."""
+    claims = obj.call(lambda app: app.store.history(job, limit))
+    if as_json:
+        click.echo(render.dumps([render.claim_dict(c) for c in claims]))
+        return
+    click.echo(
+        render.table(
+            ["JOB", "KEY", "SLOT", "CLAIMED BY", "CLAIMED AT", "DURATION"],
+            render.history_rows(claims),
+        )
+    )
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("key")
+@click.pass_obj
+@handled
+def release(obj: Context, job: str, key: str) -> None:
+    """Delete the claim of one slot so that it can run again."""
+    claim = obj.call(lambda app: app.release(job, key))
+    if claim is None:
+        fail(
+            f"no claim for job {job!r} key {key!r}: nothing released "
+            "(see `oncely history` for the keys)"
+        )
+        return
+    logging.getLogger("oncely").warning(
+        "run.released: claim deleted by hand job=%s key=%s claimed_by=%s",
+        job,
+        key,
+        claim.claimed_by,
+        extra={"event": "run.released", "fields": {"job": job, "key": key}},
+    )
+    click.echo(
+        f"released {job} key {key} (was claimed by {claim.claimed_by} "
+        f"at {render.iso(claim.claimed_at)})"
+    )
+
+
+@cli.command()
+@click.pass_obj
+@handled
+def migrate(obj: Context) -> None:
+    """Create or upgrade oncely's tables (safe to run again, and from several replicas)."""
+    applied = obj.call(lambda app: app.migrate())
+    url = obj.app.store.display_url
+    if applied:
+        click.echo(f"migrated {url} to version {applied[-1]} (applied {applied})")
+    else:
+        click.echo(f"{url} is up to date")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="oncely")

@@ -1,0 +1,108 @@
+"""How the CLI shows things: every line and table it prints is formatted here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ..model import Claim, RunResult, RunStatus
+from ..registry import Job
+
+
+def iso(t: datetime | None) -> str:
+    """A time as ISO-8601 with its UTC offset, to the second; '-' for none."""
+    return t.isoformat(timespec="seconds") if t is not None else "-"
+
+
+def ms(seconds: float | None) -> str:
+    """A duration in milliseconds, e.g. '41 ms'."""
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def run_line(result: RunResult) -> str:
+    """The one line `oncely run` prints; its first word is the status."""
+    head = f"{result.status.value} {result.job} slot {iso(result.slot)} key {result.key}"
+    if result.status is RunStatus.RAN:
+        return f"{head} in {ms(result.duration)}"
+    if result.status is RunStatus.SKIPPED:
+        by = (
+            f" (claimed by {result.claim.claimed_by} at {iso(result.claim.claimed_at)})"
+            if result.claim
+            else ""
+        )
+        return f"{head}: already ran{by}"
+    if result.status is RunStatus.BUSY:
+        return f"{head}: another process is running this slot"
+    error = result.error
+    return f"{head}: {type(error).__name__}: {error}; rolled back; the slot is free"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain left-aligned table with a header row."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = [headers, *rows]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def claim_dict(claim: Claim, job: Job | None = None) -> dict[str, Any]:
+    """A claim as JSON-ready data (its slot in the job's zone when the job is known)."""
+    slot = claim.scheduled_for
+    if slot is not None and job is not None:
+        slot = slot.astimezone(job.schedule.zone)
+    return {
+        "job": claim.job,
+        "key": claim.key,
+        "slot": iso(slot) if slot else None,
+        "claimed_by": claim.claimed_by,
+        "claimed_at": claim.claimed_at.isoformat(),
+        "finished_at": claim.finished_at.isoformat() if claim.finished_at else None,
+        "duration_ms": None if claim.duration is None else round(claim.duration * 1000, 1),
+    }
+
+
+def history_rows(claims: Sequence[Claim]) -> list[list[str]]:
+    """`oncely history` rows: job, key, slot, claimed_by, claimed_at, duration."""
+    return [
+        [c.job, c.key, iso(c.scheduled_for), c.claimed_by, iso(c.claimed_at), ms(c.duration)]
+        for c in claims
+    ]
+
+
+def dumps(data: Any) -> str:
+    """One JSON document."""
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def job_dict(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> dict[str, Any]:
+    """A job for `oncely list --json`."""
+    return {
+        "name": job.name,
+        "schedule": job.schedule.describe(),
+        "zone": str(job.schedule.zone),
+        "next": iso(upcoming[0]) if upcoming else None,
+        "last_run": claim_dict(last, job) if last else None,
+    }
+
+
+def job_row(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> list[str]:
+    """A row of `oncely list`: the times in the job's own zone."""
+    if last is None:
+        last_run = "never"
+    else:
+        slot = last.scheduled_for
+        when = iso(slot.astimezone(job.schedule.zone)) if slot else last.key
+        last_run = f"{when} by {last.claimed_by}"
+    return [
+        job.name,
+        job.schedule.describe(),
+        str(job.schedule.zone),
+        iso(upcoming[0]) if upcoming else "-",
+        last_run,
+    ]

@@ -1,0 +1,46 @@
+"""Every public exception oncely raises, under one root.
+
+Each class's docstring is its default message, so ``raise SchemaMissingError()`` already
+says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class OncelyError(Exception):
+    """oncely failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (type(self).__doc__ or "").strip())
+
+
+class ConfigError(OncelyError):
+    """A job, task or schedule was declared wrongly; the message names which one."""
+
+
+class UnknownJobError(ConfigError):
+    """No job is registered under that name."""
+
+
+class BadInputError(OncelyError):
+    """An argument (a time, a key, an option) is malformed; the message says which one."""
+
+
+class DatabaseUnavailableError(OncelyError):
+    """The database could not be reached."""
+
+
+class SchemaMissingError(OncelyError):
+    """oncely's tables are missing or out of date: run `oncely migrate`."""
+
+
+class JobTransactionError(OncelyError):
+    """A job must not commit, roll back or close the session oncely gave it.
+
+    oncely commits the job's work together with the slot's claim; a commit inside the job
+    would let work land without the claim (or the claim without the work).
+    """
+
+
+class DatabaseError(OncelyError):
+    """A database statement failed."""

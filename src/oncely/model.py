@@ -1,0 +1,65 @@
+"""Frozen values shared by every layer: slots, claims and the outcome of one run."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+
+class RunStatus(str, enum.Enum):
+    """What one attempt at a slot came to."""
+
+    RAN = "ran"
+    """The slot was claimed here and the job's work committed with the claim."""
+    SKIPPED = "skipped"
+    """The slot was already claimed (a duplicate): the job was not called."""
+    BUSY = "busy"
+    """Another process is running this slot right now: the job was not called."""
+    FAILED = "failed"
+    """The job raised (or the attempt died): everything rolled back, the slot is free."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One nominal fire time of a job and the key that identifies it in the ledger."""
+
+    job: str
+    key: str
+    at: datetime
+    """The nominal fire time, timezone-aware, in the schedule's zone."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A row of the ledger: who ran which slot of which job, and when."""
+
+    job: str
+    key: str
+    scheduled_for: datetime | None
+    claimed_at: datetime
+    claimed_by: str
+    finished_at: datetime | None
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from the claim to the commit, when known."""
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.claimed_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one attempt at one slot of one job."""
+
+    job: str
+    key: str
+    slot: datetime | None
+    status: RunStatus
+    duration: float
+    """Seconds spent in the attempt, including the database round trips."""
+    claim: Claim | None = None
+    """For `skipped`: the claim that was already there (who ran the slot, and when)."""
+    error: BaseException | None = None
+    """For `failed`: what the job raised."""

@@ -1,0 +1,110 @@
+"""Job definitions, validated when they are declared (at import time), with no I/O."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .errors import ConfigError, UnknownJobError
+from .schedule import Schedule, default_key
+
+JobFunc = Callable[[Any, datetime], Awaitable[None] | None]
+KeyFunc = Callable[[datetime], str]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A registered scheduled job: its name, schedule, slot key and the function to call."""
+
+    name: str
+    schedule: Schedule
+    func: JobFunc
+    key_func: KeyFunc | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is a coroutine function (else it gets a sync Session)."""
+        return inspect.iscoroutinefunction(self.func)
+
+    def key_for(self, slot: datetime) -> str:
+        """The ledger key of a slot: the job's `key=` function, or the UTC instant."""
+        if self.key_func is None:
+            return default_key(slot)
+        key = self.key_func(slot)
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"job {self.name!r}: key= must return a non-empty str, got {key!r}")
+        return key
+
+
+def _check_signature(name: str, func: Callable[..., Any]) -> None:
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"job {name!r}: cannot read the function's signature") from exc
+    try:
+        sig.bind(object(), object())
+    except TypeError as exc:
+        raise ConfigError(
+            f"job {name!r}: the function must accept two arguments (db, now); "
+            f"its signature is {name}{sig}"
+        ) from exc
+
+
+class Registry:
+    """The jobs an app knows, by name."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+
+    def add_job(
+        self,
+        schedule: Schedule,
+        func: JobFunc,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Job:
+        """Validate and register a job; raise ConfigError naming the job if anything is off."""
+        job_name = name or getattr(func, "__name__", "")
+        if not isinstance(job_name, str) or not _NAME.match(job_name):
+            raise ConfigError(
+                f"job name {job_name!r} is not valid: use letters, digits, _ . : - "
+                "(at most 200, starting with a letter or _)"
+            )
+        if not isinstance(schedule, Schedule):
+            raise ConfigError(
+                f"job {job_name!r}: the schedule must be cron(...) or every(...), got {schedule!r}"
+            )
+        try:
+            schedule.check()
+        except ConfigError as exc:
+            raise ConfigError(f"job {job_name!r}: {exc}") from exc
+        if not callable(func):
+            raise ConfigError(f"job {job_name!r}: {func!r} is not callable")
+        if key is not None and not callable(key):
+            raise ConfigError(f"job {job_name!r}: key= must be a function of the slot time")
+        _check_signature(job_name, func)
+        if job_name in self._jobs:
+            raise ConfigError(f"job {job_name!r} is registered twice")
+        job = Job(job_name, schedule, func, key)
+        self._jobs[job_name] = job
+        return job
+
+    def job(self, name: str) -> Job:
+        """The job registered under `name`; UnknownJobError lists the known ones."""
+        try:
+            return self._jobs[name]
+        except KeyError:
+            known = ", ".join(sorted(self._jobs)) or "none registered"
+            raise UnknownJobError(f"unknown job {name!r} (known jobs: {known})") from None
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(sorted(self._jobs.values(), key=lambda j: j.name))
+
+    def __len__(self) -> int:
+        return len(self._jobs)

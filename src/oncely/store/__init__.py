@@ -1,0 +1,313 @@
+"""Every SQL statement oncely runs, and the only code that knows Postgres from SQLite.
+
+`Store` wraps one async engine. Driver and SQLAlchemy errors do not leave this package except
+as the cause of an OncelyError: an unreachable database becomes DatabaseUnavailableError (URL
+shown with its password masked), a missing table SchemaMissingError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+from ..errors import (
+    BadInputError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    OncelyError,
+    SchemaMissingError,
+)
+from ..model import Claim
+from . import sql
+from .dialect import ClaimOutcome, Dialect
+from .migrations import LATEST, MIGRATIONS
+from .postgres import PostgresDialect
+from .session import AttemptSession, hand_back, violation
+from .sqlite import READ_ONLY_OPTION, SQLiteDialect
+from .tables import metadata, schema_versions
+
+__all__ = [
+    "LATEST",
+    "AttemptSession",
+    "ClaimOutcome",
+    "Store",
+    "dialect_for",
+    "mask_url",
+    "metadata",
+    "normalize_url",
+    "violation",
+]
+
+_DRIVERS = {
+    "postgres": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+}
+
+
+def normalize_url(url: str) -> str:
+    """A database URL with oncely's async driver for its database (postgres → asyncpg)."""
+    try:
+        parsed = make_url(url)
+    except (sa.exc.ArgumentError, ValueError) as exc:
+        raise BadInputError(f"not a database URL: {mask_url(url)!r}") from exc
+    driver = _DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise BadInputError(
+            f"unsupported database {parsed.drivername!r} in {mask_url(url)!r}: "
+            "use postgresql://… or sqlite:///…"
+        )
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, safe for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        # Not parseable: hide anything between "://user:" and "@".
+        head, sep, tail = url.partition("://")
+        if sep and "@" in tail:
+            creds, _, host = tail.rpartition("@")
+            user = creds.split(":", 1)[0]
+            return f"{head}://{user}:***@{host}"
+        return url
+
+
+def dialect_for(name: str) -> Dialect:
+    """The Dialect for a SQLAlchemy dialect name."""
+    if name == "postgresql":
+        return PostgresDialect()
+    if name == "sqlite":
+        return SQLiteDialect()
+    raise BadInputError(f"oncely supports Postgres and SQLite, not {name!r}")
+
+
+def _claim(row: Any) -> Claim:
+    return Claim(
+        job=row.job,
+        key=row.key,
+        scheduled_for=row.scheduled_for,
+        claimed_at=row.claimed_at,
+        claimed_by=row.claimed_by,
+        finished_at=row.finished_at,
+    )
+
+
+class Store:
+    """oncely's tables in one database, reached through one async engine."""
+
+    def __init__(self, engine: AsyncEngine, *, owns_engine: bool) -> None:
+        self.engine = engine
+        self.dialect = dialect_for(engine.dialect.name)
+        self._owns_engine = owns_engine
+        self._attempts = async_sessionmaker(
+            engine, sync_session_class=AttemptSession, expire_on_commit=False
+        )
+        self._schema_checked = False
+
+    @classmethod
+    def from_url(cls, url: str) -> Store:
+        """Build the engine for a URL (Postgres via asyncpg, SQLite via aiosqlite)."""
+        full = normalize_url(url)
+        dialect = dialect_for(make_url(full).get_backend_name())
+        engine = create_async_engine(full, **dialect.engine_options())
+        dialect.configure_engine(engine)
+        return cls(engine, owns_engine=True)
+
+    @property
+    def display_url(self) -> str:
+        """The database URL with its password masked."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    async def dispose(self) -> None:
+        """Close the pool if oncely built the engine (a user's engine is theirs to close)."""
+        if self._owns_engine:
+            await self.engine.dispose()
+
+    # -- errors -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def translate(self) -> Iterator[None]:
+        """Turn driver errors raised by oncely's own statements into OncelyErrors."""
+        try:
+            yield
+        except OncelyError:
+            raise
+        except sa.exc.DBAPIError as exc:
+            raise self._translated(exc) from exc
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise self._unavailable(exc) from exc
+
+    def _translated(self, exc: sa.exc.DBAPIError) -> OncelyError:
+        if self.dialect.is_missing_table(exc):
+            return SchemaMissingError(
+                f"oncely's tables are missing in {self.display_url}: run `oncely migrate`"
+            )
+        if self.dialect.is_unavailable(exc):
+            return self._unavailable(exc)
+        if exc.connection_invalidated or (
+            isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+            and not self.dialect.is_busy(exc)
+        ):
+            return self._unavailable(exc)
+        return DatabaseError(f"database error: {_driver_message(exc)}")
+
+    def _unavailable(self, exc: BaseException) -> DatabaseUnavailableError:
+        reason = _driver_message(exc) or type(exc).__name__
+        return DatabaseUnavailableError(
+            f"cannot reach the database at {self.display_url}: {reason}"
+        )
+
+    # -- schema -------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply the migrations this database lacks, in one transaction; the versions applied."""
+        applied: list[int] = []
+        with self.translate():
+            async with self.engine.begin() as conn:
+                await self.dialect.lock_migrations(conn)
+                await conn.run_sync(schema_versions.create, checkfirst=True)
+                current = (await conn.execute(sql.schema_version())).scalar() or 0
+                for version, _what, step in MIGRATIONS:
+                    if version > current:
+                        await conn.run_sync(step)
+                        await conn.execute(sql.record_version(version, self.dialect.now()))
+                        applied.append(version)
+        self._schema_checked = True
+        return applied
+
+    async def schema_version(self) -> int | None:
+        """The newest applied migration, or None if oncely's tables were never created."""
+        try:
+            with self.translate():
+                async with self._reader() as conn:
+                    value = (await conn.execute(sql.schema_version())).scalar()
+                    await conn.rollback()
+        except SchemaMissingError:
+            return None
+        return int(value) if value is not None else None
+
+    async def ensure_schema(self) -> None:
+        """Raise SchemaMissingError unless the database is at this version (checked once)."""
+        if self._schema_checked:
+            return
+        version = await self.schema_version()
+        if version is None:
+            raise SchemaMissingError(
+                f"oncely's tables are missing in {self.display_url}: run `oncely migrate`"
+            )
+        if version < LATEST:
+            raise SchemaMissingError(
+                f"oncely's tables in {self.display_url} are at version {version}, this oncely "
+                f"needs {LATEST}: run `oncely migrate`"
+            )
+        self._schema_checked = True
+
+    # -- one attempt --------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def attempt(self) -> AsyncIterator[AsyncSession]:
+        """A fresh session for one attempt, closed (rolled back if still open) at the end."""
+        session = self._attempts()
+        try:
+            yield session
+        finally:
+            hand_back(session.sync_session)
+            with contextlib.suppress(Exception):
+                await session.close()
+
+    async def lock_and_claim(
+        self,
+        session: AsyncSession,
+        job: str,
+        key: str,
+        scheduled_for: datetime | None,
+        claimed_by: str,
+        *,
+        busy_ms: int = 200,
+    ) -> ClaimOutcome:
+        """Open the attempt's transaction, take the slot's lock without queueing, and claim.
+
+        `busy_ms` bounds how long SQLite may wait for its write lock before answering BUSY;
+        Postgres never waits (its lock is a try-lock).
+        """
+        with self.translate():
+            return await self.dialect.lock_and_claim(
+                session, job, key, scheduled_for, claimed_by, busy_ms
+            )
+
+    async def claim_in(self, session: AsyncSession, job: str, key: str) -> Claim | None:
+        """The committed claim of a slot, read in the given session."""
+        with self.translate():
+            row = (await session.execute(sql.get_claim(job, key))).first()
+        return _claim(row) if row is not None else None
+
+    async def finish(self, session: AsyncSession, job: str, key: str) -> None:
+        """Stamp the run's end on its claim and commit work and claim together."""
+        with self.translate():
+            await session.execute(sql.finish(job, key, self.dialect.now()))
+            hand_back(session.sync_session)
+            await session.commit()
+
+    async def abandon(self, session: AsyncSession) -> None:
+        """Roll the attempt back (claim included); a dead connection is already rolled back."""
+        hand_back(session.sync_session)
+        with contextlib.suppress(Exception):
+            await session.rollback()
+
+    # -- the ledger ---------------------------------------------------------------------
+
+    async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
+        """Claims, newest first."""
+        return [_claim(r) for r in await self._read(sql.history(job, limit))]
+
+    async def last_claims(self) -> dict[str, Claim]:
+        """The newest claim of each job that has one."""
+        return {r.job: _claim(r) for r in await self._read(sql.last_claims())}
+
+    async def get_claim(self, job: str, key: str) -> Claim | None:
+        """The claim of one slot, if any."""
+        rows = await self._read(sql.get_claim(job, key))
+        return _claim(rows[0]) if rows else None
+
+    async def release(self, job: str, key: str) -> Claim | None:
+        """Delete one claim so its slot can run again; the claim that was deleted, if any."""
+        with self.translate():
+            async with self.engine.begin() as conn:
+                row = (await conn.execute(sql.release(job, key))).first()
+        return _claim(row) if row is not None else None
+
+    @contextlib.asynccontextmanager
+    async def _reader(self) -> AsyncIterator[AsyncConnection]:
+        async with self.engine.connect() as conn:
+            yield await conn.execution_options(**{READ_ONLY_OPTION: True})
+
+    async def _read(self, stmt: Any) -> list[Any]:
+        await self.ensure_schema()
+        with self.translate():
+            async with self._reader() as conn:
+                rows = list((await conn.execute(stmt)).all())
+                await conn.rollback()
+        return rows
+
+
+def _driver_message(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0] if text else ""

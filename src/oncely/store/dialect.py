@@ -1,0 +1,70 @@
+"""What differs between Postgres and SQLite, as one interface with one file per database."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+
+class ClaimOutcome(enum.Enum):
+    """What trying to lock and claim a slot came to."""
+
+    CLAIMED = "claimed"
+    """The claim row is ours, in the open transaction."""
+    TAKEN = "taken"
+    """A committed claim already exists: the slot ran before."""
+    BUSY = "busy"
+    """Another transaction holds the slot right now."""
+
+
+class Dialect(abc.ABC):
+    """The database-specific half of the store."""
+
+    name: str
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for `create_async_engine` when oncely builds the engine."""
+        return {}
+
+    def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
+        """Set up an engine that oncely built itself (not a user's engine)."""
+
+    @abc.abstractmethod
+    def insert(self) -> Any:
+        """The dialect's `insert` construct, which knows ON CONFLICT DO NOTHING."""
+
+    @abc.abstractmethod
+    def now(self) -> Any:
+        """A SQL expression (or value) for the current instant in database time."""
+
+    @abc.abstractmethod
+    async def lock_and_claim(
+        self,
+        session: AsyncSession,
+        job: str,
+        key: str,
+        scheduled_for: datetime | None,
+        claimed_by: str,
+        busy_ms: int,
+    ) -> ClaimOutcome:
+        """In the session's new transaction: take the slot's lock without waiting, then claim."""
+
+    @abc.abstractmethod
+    async def lock_migrations(self, conn: AsyncConnection) -> None:
+        """Serialize concurrent `migrate` calls (several replicas starting at once)."""
+
+    @abc.abstractmethod
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether a driver error means one of oncely's tables does not exist."""
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
+        return False
+
+    def is_busy(self, exc: BaseException) -> bool:
+        """Whether a driver error means another transaction holds the lock we asked for."""
+        return False

@@ -1,0 +1,109 @@
+"""Postgres: advisory transaction locks for the slot, `now()` for database time."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from .dialect import ClaimOutcome, Dialect
+from .tables import UTCDateTime
+
+# The first key of oncely's two-key advisory locks ("once"), so they never collide with an
+# application's own one-key (bigint) locks, nor with two-key locks under another namespace.
+LOCK_NAMESPACE = 0x6F6E6365
+_MIGRATION_LOCK = 0
+
+# Lock and claim in one round trip: the lock CTE runs once (it is volatile and referenced
+# twice); the insert runs only if the lock was ours; the row says which case we are in.
+LOCK_AND_CLAIM = sa.text(
+    """
+    WITH lock AS (
+        SELECT pg_try_advisory_xact_lock(:ns, :lock_id) AS got
+    ), ins AS (
+        INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
+        SELECT CAST(:job AS varchar), CAST(:key AS varchar),
+               CAST(:scheduled_for AS timestamptz), now(), CAST(:claimed_by AS varchar)
+        FROM lock WHERE lock.got
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT got FROM lock) AS got, (SELECT count(*) FROM ins) AS claimed
+    """
+).bindparams(sa.bindparam("scheduled_for", type_=UTCDateTime()))
+
+_MISSING_TABLE = "42P01"  # undefined_table
+# SQLSTATEs that mean "no usable connection": connection exceptions, failed authentication,
+# a database that does not exist, a server shutting down or starting, too many connections.
+_UNAVAILABLE_PREFIXES = ("08", "28", "3D", "57P", "53300")
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = getattr(exc, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if code:
+            return str(code)
+    return None
+
+
+def lock_id(job: str, key: str) -> int:
+    """The second advisory-lock key of a slot: a stable signed 32-bit hash of (job, key)."""
+    digest = hashlib.blake2b(f"{job}\0{key}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"timeout": 10}, "pool_pre_ping": True}
+
+    def insert(self) -> Any:
+        return postgresql.insert
+
+    def now(self) -> Any:
+        return sa.func.clock_timestamp()
+
+    async def lock_and_claim(
+        self,
+        session: AsyncSession,
+        job: str,
+        key: str,
+        scheduled_for: datetime | None,
+        claimed_by: str,
+        busy_ms: int,
+    ) -> ClaimOutcome:
+        row = (
+            await session.execute(
+                LOCK_AND_CLAIM,
+                {
+                    "ns": LOCK_NAMESPACE,
+                    "lock_id": lock_id(job, key),
+                    "job": job,
+                    "key": key,
+                    "scheduled_for": scheduled_for,
+                    "claimed_by": claimed_by,
+                },
+            )
+        ).one()
+        if not row.got:
+            return ClaimOutcome.BUSY
+        return ClaimOutcome.CLAIMED if row.claimed else ClaimOutcome.TAKEN
+
+    async def lock_migrations(self, conn: AsyncConnection) -> None:
+        await conn.execute(
+            sa.text("SELECT pg_advisory_xact_lock(:ns, :id)"),
+            {"ns": LOCK_NAMESPACE, "id": _MIGRATION_LOCK},
+        )
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        code = _sqlstate(exc)
+        return code is not None and code.startswith(_UNAVAILABLE_PREFIXES)

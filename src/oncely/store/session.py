@@ -1,0 +1,47 @@
+"""The session a job is handed: it refuses to end the transaction oncely owns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ..errors import JobTransactionError
+
+_OWNER = "oncely.owner_finishing"
+_VIOLATION = "oncely.violation"
+
+
+class AttemptSession(Session):
+    """A Session whose commit, rollback and close belong to oncely, not to the job."""
+
+    def _guard(self, what: str) -> None:
+        if not self.info.get(_OWNER):
+            self.info[_VIOLATION] = what
+            raise JobTransactionError(
+                f"the job called {what}() on oncely's session; oncely commits the job's work "
+                "together with the slot's claim, so a job must not commit, roll back or close "
+                "it (raise an exception to roll back)"
+            )
+
+    def commit(self) -> None:
+        self._guard("commit")
+        super().commit()
+
+    def rollback(self) -> None:
+        self._guard("rollback")
+        super().rollback()
+
+    def close(self) -> None:
+        self._guard("close")
+        super().close()
+
+
+def hand_back(session: Session) -> None:
+    """Let oncely itself finish the transaction (the job has returned or raised)."""
+    session.info[_OWNER] = True
+
+
+def violation(session: Session) -> Any:
+    """What the job tried to do to the transaction (`commit`, …), or None."""
+    return session.info.get(_VIOLATION)

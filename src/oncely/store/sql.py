@@ -1,0 +1,76 @@
+"""Every statement oncely runs against its tables, named, each with its one purpose.
+
+Statements that read the same on both databases are SQLAlchemy Core here; the few whose
+text differs (the claim's conflict clause, locks, database time) come from the dialect
+files `postgres.py` and `sqlite.py`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql.dml import Insert
+
+from .tables import runs, schema_versions
+
+
+def claim(
+    insert: Any, job: str, key: str, scheduled_for: datetime | None, claimed_by: str, now: Any
+) -> Insert:
+    """Claim (job, key): insert the ledger row unless it exists; RETURNING 1 if it is ours."""
+    stmt: Insert = (
+        insert(runs)
+        .values(
+            job=job, key=key, scheduled_for=scheduled_for, claimed_at=now, claimed_by=claimed_by
+        )
+        .on_conflict_do_nothing()
+        .returning(sa.literal(1))
+    )
+    return stmt
+
+
+def finish(job: str, key: str, now: Any) -> sa.Update:
+    """Stamp the end of a run on its claim, just before the commit."""
+    return sa.update(runs).where(runs.c.job == job, runs.c.key == key).values(finished_at=now)
+
+
+def get_claim(job: str, key: str) -> sa.Select[Any]:
+    """The claim of one slot, if any."""
+    return sa.select(runs).where(runs.c.job == job, runs.c.key == key)
+
+
+def history(job: str | None, limit: int) -> sa.Select[Any]:
+    """Claims, newest first, of one job or of all."""
+    stmt = sa.select(runs).order_by(runs.c.claimed_at.desc(), runs.c.job, runs.c.key)
+    if job is not None:
+        stmt = stmt.where(runs.c.job == job)
+    return stmt.limit(limit)
+
+
+def last_claims() -> sa.Select[Any]:
+    """The newest claim of each job."""
+    newest = (
+        sa.select(runs.c.job, sa.func.max(runs.c.claimed_at).label("claimed_at"))
+        .group_by(runs.c.job)
+        .subquery()
+    )
+    return sa.select(runs).join(
+        newest, sa.and_(runs.c.job == newest.c.job, runs.c.claimed_at == newest.c.claimed_at)
+    )
+
+
+def release(job: str, key: str) -> Any:
+    """Delete one claim so its slot can run again; RETURNING the row that was there."""
+    return sa.delete(runs).where(runs.c.job == job, runs.c.key == key).returning(*runs.c)
+
+
+def schema_version() -> sa.Select[Any]:
+    """The newest applied migration."""
+    return sa.select(sa.func.max(schema_versions.c.version))
+
+
+def record_version(version: int, now: Any) -> sa.Insert:
+    """Mark one migration as applied."""
+    return sa.insert(schema_versions).values(version=version, applied_at=now)

@@ -1,0 +1,97 @@
+"""SQLite: the database's single write lock stands in for the slot lock.
+
+SQLite has one writer at a time. An attempt opens with `BEGIN IMMEDIATE`, which takes the
+write lock at once or reports the database busy after a short wait: a loser never queues
+behind a running job. Engines oncely builds get WAL mode (readers never block the writer)
+and explicit transaction control; the stdlib driver's own implicit BEGIN is turned off.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from .. import clock
+from . import sql
+from .dialect import ClaimOutcome, Dialect
+
+BUSY_MS_OPTION = "oncely_busy_ms"
+"""Execution option: how long BEGIN IMMEDIATE may wait for the write lock, in milliseconds."""
+DEFAULT_BUSY_MS = 5000
+READ_ONLY_OPTION = "oncely_read_only"
+"""Execution option: open a plain (deferred) transaction, for reads that must not queue."""
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _on_begin(conn: Connection) -> None:
+    busy_ms = int(conn.get_execution_options().get(BUSY_MS_OPTION, DEFAULT_BUSY_MS))
+    if conn.info.get(BUSY_MS_OPTION) != busy_ms:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout = {busy_ms:d}")
+        conn.info[BUSY_MS_OPTION] = busy_ms
+    read_only = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+
+    def configure_engine(self, engine: AsyncEngine) -> None:
+        event.listen(engine.sync_engine, "connect", _on_connect)
+        event.listen(engine.sync_engine, "begin", _on_begin)
+
+    def insert(self) -> Any:
+        return sqlite.insert
+
+    def now(self) -> Any:
+        # SQLite has no server clock of its own: "database time" is this machine's.
+        return clock.utcnow()
+
+    async def lock_and_claim(
+        self,
+        session: AsyncSession,
+        job: str,
+        key: str,
+        scheduled_for: datetime | None,
+        claimed_by: str,
+        busy_ms: int,
+    ) -> ClaimOutcome:
+        try:
+            # The first use of the session opens its transaction: BEGIN IMMEDIATE, waiting
+            # at most busy_ms for the write lock (see _on_begin).
+            await session.connection(execution_options={BUSY_MS_OPTION: busy_ms})
+            row = (
+                await session.execute(
+                    sql.claim(self.insert(), job, key, scheduled_for, claimed_by, self.now())
+                )
+            ).first()
+        except sa.exc.OperationalError as exc:
+            if self.is_busy(exc):
+                return ClaimOutcome.BUSY
+            raise
+        return ClaimOutcome.CLAIMED if row is not None else ClaimOutcome.TAKEN
+
+    async def lock_migrations(self, conn: AsyncConnection) -> None:
+        return None  # BEGIN IMMEDIATE already serializes writers
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return "no such table: oncely_" in str(exc)
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        return "unable to open database file" in str(exc)
+
+    def is_busy(self, exc: BaseException) -> bool:
+        text = str(exc)
+        return "database is locked" in text or "database table is locked" in text
