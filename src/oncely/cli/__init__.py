@@ -261,6 +261,9 @@ def migrate(obj: Context) -> None:
         click.echo(f"{url} is up to date")
 
 
+# Feature commands live in their own modules (cli/<feature>.py) and register here.
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="oncely")
