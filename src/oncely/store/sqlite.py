@@ -59,6 +59,12 @@ class SQLiteDialect(Dialect):
         # SQLite has no server clock of its own: "database time" is this machine's.
         return clock.utcnow()
 
+    def now_sql(self) -> Any:
+        return sql.NOW
+
+    def now_params(self) -> dict[str, Any]:
+        return {"now": clock.utcnow()}
+
     async def lock_and_claim(
         self,
         session: AsyncSession,
@@ -72,11 +78,14 @@ class SQLiteDialect(Dialect):
             # The first use of the session opens its transaction: BEGIN IMMEDIATE, waiting
             # at most busy_ms for the write lock (see _on_begin).
             await session.connection(execution_options={BUSY_MS_OPTION: busy_ms})
-            row = (
-                await session.execute(
-                    sql.claim(self.insert(), job, key, scheduled_for, claimed_by, self.now())
-                )
-            ).first()
+            params = {
+                "job": job,
+                "key": key,
+                "scheduled_for": scheduled_for,
+                "claimed_by": claimed_by,
+                **self.now_params(),
+            }
+            row = (await session.execute(self.claim_statement, params)).first()
         except sa.exc.OperationalError as exc:
             if self.is_busy(exc):
                 return ClaimOutcome.BUSY
