@@ -74,6 +74,20 @@ SA_INSERT = sa.text(
     "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) "
     "VALUES (:job, :key, CURRENT_TIMESTAMP, :by) ON CONFLICT DO NOTHING RETURNING 1"
 )
+SA_RUN_CLAIM = {
+    "postgresql": sa.text(
+        "WITH lock AS (SELECT pg_try_advisory_xact_lock(:ns, :lock_id) AS got), "
+        "ins AS (INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by) "
+        "SELECT CAST(:job AS varchar), CAST(:key AS varchar), CAST(:slot AS timestamptz), now(), "
+        "CAST(:by AS varchar) FROM lock WHERE lock.got ON CONFLICT DO NOTHING RETURNING 1) "
+        "SELECT (SELECT got FROM lock) AS got, (SELECT count(*) FROM ins) AS claimed"
+    ),
+    "sqlite": sa.text(
+        "INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by) "
+        "VALUES (:job, :key, :slot, :now, :by) ON CONFLICT DO NOTHING RETURNING 1, 1"
+    ),
+}
+SA_RUN_FINISH = sa.text("UPDATE oncely_runs SET finished_at = :now WHERE job = :job AND key = :key")
 LITE_INSERT = (
     "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) VALUES (?, ?, ?, ?) "
     "ON CONFLICT DO NOTHING RETURNING 1"
@@ -172,6 +186,25 @@ def sqlalchemy_steps(engine: AsyncEngine, prefix: str) -> list[Case]:
     ]
 
 
+def run_sql_floor(app: Oncely, prefix: str) -> Case:
+    """app.run's statements through SQLAlchemy on oncely's own engine, with no oncely code."""
+    engine = app.store.engine
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    claim = SA_RUN_CLAIM[engine.dialect.name]
+    job = f"{prefix}_sa_run_sql"
+
+    async def step(key: str) -> None:
+        now = datetime.now(timezone.utc)
+        async with sessions() as s, s.begin():
+            params = {"ns": 1, "lock_id": hash(key) & 0x7FFFFFFF, "job": job, "key": key}
+            row = (await s.execute(claim, {**params, "slot": now, "now": now, "by": REPLICA})).one()
+            if not all(row):
+                raise RuntimeError("lock-and-claim lost a fresh key")
+            await s.execute(SA_RUN_FINISH, {"job": job, "key": key, "now": now})
+
+    return Case("SQLAlchemy, app.run's SQL (no oncely)", step, job)
+
+
 # -- Postgres -----------------------------------------------------------------------------
 
 
@@ -226,6 +259,7 @@ async def postgres_cases(
         Case("raw asyncpg (baseline)", raw_claim, "pg_raw"),
         Case("raw asyncpg, app.run's SQL", raw_run_sql, "pg_raw_run"),
         *sqlalchemy_steps(user_engine, "pg"),
+        run_sql_floor(app, "pg"),
         Case("oncely app.run, no-op job", app_step, "bench_app_run"),
     ]
 
@@ -284,6 +318,7 @@ async def sqlite_cases(
         Case("raw sqlite3, WAL (baseline)", raw_claim, "lite_raw"),
         Case("raw aiosqlite", aiosqlite_claim, "lite_aiosqlite"),
         *sqlalchemy_steps(user_engine, "lite"),
+        run_sql_floor(app, "lite"),
         Case("oncely app.run, no-op job", app_step, "bench_app_run"),
     ]
 
