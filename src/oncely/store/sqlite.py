@@ -45,12 +45,27 @@ def _on_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+def _on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+    # The engine has pool_reset_on_return=None: by default SQLAlchemy rolls back every
+    # connection handed back to the pool, even after a commit, and on aiosqlite that rollback
+    # is one more thread hop per attempt (~8% of app.run). Roll back only what is still open.
+    if state.terminate_only or not state.asyncio_safe or state.transaction_was_reset:
+        return
+    driver = getattr(record, "driver_connection", None)
+    if driver is None or getattr(driver, "in_transaction", True):
+        dbapi_connection.rollback()
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_reset_on_return": None}  # see _on_reset
 
     def configure_engine(self, engine: AsyncEngine) -> None:
         event.listen(engine.sync_engine, "connect", _on_connect)
         event.listen(engine.sync_engine, "begin", _on_begin)
+        event.listen(engine.sync_engine.pool, "reset", _on_reset)
 
     def insert(self) -> Any:
         return sqlite.insert
