@@ -56,13 +56,13 @@ class Dialect(abc.ABC):
 
     @functools.cached_property
     def claim_statement(self) -> Insert:
-        """sql.claim for this database, built once."""
-        return sql.claim(self.insert(), self.now_sql())
+        """sql.claim_bound for this database, built once."""
+        return sql.claim_bound(self.insert(), self.now_sql())
 
     @functools.cached_property
     def finish_statement(self) -> sa.Update:
-        """sql.finish for this database, built once."""
-        return sql.finish(self.now_sql())
+        """sql.finish_bound for this database, built once."""
+        return sql.finish_bound(self.now_sql())
 
     @abc.abstractmethod
     async def lock_and_claim(
