@@ -263,6 +263,10 @@ def migrate(obj: Context) -> None:
 
 # Feature commands live in their own modules (cli/<feature>.py) and register here.
 
+from .demo import demo  # noqa: E402
+
+cli.add_command(demo)
+
 
 def main() -> None:
     """Console-script entry point."""
