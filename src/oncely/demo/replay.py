@@ -9,25 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import sqlalchemy as sa
 
 from ..app import Oncely
+from ..errors import OncelyError
 from ..store import mask_url
 from . import leaderboard as lb
+from .replica import DONE
 
 SLOT = datetime(2026, 5, 29, 18, 0, tzinfo=lb.MEXICO_CITY)  # a Friday, ISO week 2026-W22
 REPLICAS = ("replica-A", "replica-B", "replica-C")
 TURN_TIMEOUT = 60.0
+
+
+class DemoError(OncelyError):
+    """A replica of the demo failed or hung."""
 
 
 @dataclass(frozen=True)
@@ -188,66 +197,111 @@ async def clean(app: Oncely, *, drop_oncely_tables: bool) -> None:
 # -- the replicas -------------------------------------------------------------------------
 
 
-def start_replica(scenario: str, replica: str, at: datetime, url: str) -> subprocess.Popen[str]:
-    """A replica process, started now, waiting for its turn on stdin."""
-    env = {**os.environ, "ONCELY_DATABASE_URL": url}
-    return subprocess.Popen(
-        [sys.executable, "-m", "oncely.demo.replica", scenario, replica, at.isoformat()],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+class Replica:
+    """A replica process, started now; it ticks once per `turn`, until `close`."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        env = {**os.environ, "ONCELY_DATABASE_URL": url}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "oncely.demo.replica", name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self._lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        for stream, tag in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
+            threading.Thread(target=self._pump, args=(stream, tag), daemon=True).start()
+
+    def _pump(self, stream: IO[str] | None, tag: str) -> None:
+        assert stream is not None
+        for line in stream:
+            self._lines.put((tag, line.rstrip("\n")))
+        self._lines.put((tag, None))
+
+    def turn(self, scenario: str, at: datetime) -> tuple[int, list[str]]:
+        """Tick `scenario` at `at`; the exit code and the lines worth showing."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{scenario} {at.isoformat()}\n")
+        self.proc.stdin.flush()
+        out: list[str] = []
+        err: list[str] = []
+        code: int | None = None
+        err_done = False
+        deadline = time.monotonic() + TURN_TIMEOUT
+        while code is None or not err_done:
+            try:
+                tag, line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise DemoError(
+                    f"{self.name} did not finish its tick within {TURN_TIMEOUT:.0f}s"
+                ) from None
+            if line is None:
+                raise DemoError(f"{self.name} exited during its tick: {' | '.join(err)}")
+            if tag == "out" and line.startswith(DONE + " "):
+                code = int(line.split()[1])
+            elif tag == "err" and line == DONE:
+                err_done = True
+            else:
+                (out if tag == "out" else err).append(line)
+        return code, shown(out, err, failed=code != 0)
+
+    def close(self) -> None:
+        """End the process: close its stdin, and kill it if it does not exit."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def take_turn(proc: subprocess.Popen[str]) -> tuple[int, list[str]]:
-    """Tell a replica to tick, wait for it to exit, and return what it said worth showing."""
-    out, err = proc.communicate("go\n", timeout=TURN_TIMEOUT)
-    lines = [line for line in out.splitlines() if line.strip()]
-    for line in err.splitlines():
-        # oncely's own log lines: show the event and its fields, not the timestamp.
+def shown(out: list[str], err: list[str], *, failed: bool) -> list[str]:
+    """A tick's stdout, then oncely's `run.*` log lines without their timestamp."""
+    lines = [line for line in out if line.strip()]
+    for line in err:
         at = line.find(" run.")
         if at >= 0:
             lines.append(line[at + 1 :])
-        elif proc.returncode:
+        elif failed:
             lines.append(line)
-    return proc.returncode or 0, lines
+    return lines
 
 
 @contextlib.contextmanager
-def replicas(url: str) -> Iterator[dict[tuple[str, str], subprocess.Popen[str]]]:
-    """Every replica of every scenario, started at once; any left are killed on the way out."""
-    procs = {
-        (s.name, r): start_replica(s.name, r, replica_time(i), url)
-        for s in SCENARIOS
-        for i, r in enumerate(REPLICAS)
-    }
+def replicas(url: str) -> Iterator[list[Replica]]:
+    """The three replica processes, started at once and ended on the way out."""
+    started: list[Replica] = []
     try:
-        yield procs
+        for name in REPLICAS:
+            started.append(Replica(name, url))
+        yield started
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for replica in started:
+            replica.close()
 
 
-def replay(url: str, show: Callable[[str], None]) -> list[tuple[str, str, str, list[str]]]:
-    """Run each scenario's three replicas one after the other; show each one's output."""
+def replay(
+    procs: list[Replica], show: Callable[[str], None]
+) -> list[tuple[str, str, str, list[str]]]:
+    """Run each scenario on the three replicas one after the other; show each one's output."""
     turns: list[tuple[str, str, str, list[str]]] = []
-    with replicas(url) as procs:
-        for scenario in SCENARIOS:
-            show("")
-            show(scenario.title)
-            show(f"  each replica: {scenario.command}")
-            for i, replica in enumerate(REPLICAS):
-                code, lines = take_turn(procs[(scenario.name, replica)])
-                when = f"{replica_time(i):%H:%M}"
-                if code not in (0,):
-                    lines.append(f"(exit code {code})")
-                turns.append((scenario.name, replica, when, lines))
-                for n, line in enumerate(lines or ["(no output)"]):
-                    show(f"  {when + ' ' + replica if n == 0 else '':<16}  {line}")
+    for scenario in SCENARIOS:
+        show("")
+        show(scenario.title)
+        show(f"  each replica: {scenario.command}")
+        for i, replica in enumerate(procs):
+            code, lines = replica.turn(scenario.name, replica_time(i))
+            when = f"{replica_time(i):%H:%M}"
+            if code != 0:
+                lines.append(f"(exit code {code})")
+            turns.append((scenario.name, replica.name, when, lines))
+            for n, line in enumerate(lines or ["(no output)"]):
+                show(f"  {when + ' ' + replica.name if n == 0 else '':<16}  {line}")
     return turns
 
 
@@ -277,9 +331,10 @@ async def run_demo(
     app = Oncely(url)
     try:
         had_schema = await app.store.schema_version() is not None
-        await prepare(app)
-        show(intro(mask_url(url), directory))
-        turns = await asyncio.to_thread(replay, url, show)
+        with replicas(url) as procs:  # they start up while the database is prepared
+            await prepare(app)
+            show(intro(mask_url(url), directory))
+            turns = await asyncio.to_thread(replay, procs, show)
         tallies, claims = await tally(app)
         if not keep and directory is None:
             await clean(app, drop_oncely_tables=not had_schema)

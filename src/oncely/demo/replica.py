@@ -1,9 +1,11 @@
-"""One replica of the demo, as its own OS process: wait for "go" on stdin, tick once, exit.
+"""One replica of the demo, as its own OS process, ticking when the demo says so.
 
-`python -m oncely.demo.replica SCENARIO REPLICA NOW` with the database in
-$ONCELY_DATABASE_URL (never on the command line, where a password would show in `ps`).
-The demo starts every replica up front and says "go" to one at a time, so the interpreter's
-start-up does not count against the simulated minute between replicas.
+`python -m oncely.demo.replica REPLICA` with the database in $ONCELY_DATABASE_URL (never on
+the command line, where a password would show in `ps`). Each line on stdin, `SCENARIO TIME`,
+is one tick of that scenario at that simulated time; after each tick the replica writes
+`DONE <exit code>` on stdout and `DONE` on stderr. The demo starts the three replicas up front
+and sends each tick in turn, so the interpreter's start-up does not count against the
+simulated minute between replicas.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import traceback
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +25,7 @@ from ..store import normalize_url
 from . import leaderboard
 
 APP_SPEC = "oncely.demo.leaderboard:app"
+DONE = "DONE"
 
 
 def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
@@ -61,13 +65,25 @@ def run_oncely(replica: str, now: str) -> int:
     return 0
 
 
+def turn(scenario: str, replica: str, now: str) -> int:
+    """One tick; its exit code (0 ok, 1 the tick failed)."""
+    try:
+        if scenario == leaderboard.ONCELY_SCENARIO:
+            return run_oncely(replica, now)
+        print(asyncio.run(tick(scenario, replica, datetime.fromisoformat(now))), flush=True)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    scenario, replica, now = argv
-    if not sys.stdin.readline().strip():  # the demo went away before our turn
-        return 3
-    if scenario == leaderboard.ONCELY_SCENARIO:
-        return run_oncely(replica, now)
-    print(asyncio.run(tick(scenario, replica, datetime.fromisoformat(now))), flush=True)
+    [replica] = argv
+    for line in sys.stdin:  # until the demo closes our stdin
+        scenario, now = line.split()
+        code = turn(scenario, replica, now)
+        print(f"{DONE} {code}", flush=True)
+        print(DONE, file=sys.stderr, flush=True)
     return 0
 
 
