@@ -47,6 +47,26 @@ def table(report: replay.Report) -> str:
     return render.table(headers, rows)
 
 
+COINS_QUERY = "SELECT scenario, member, sum(amount) FROM demo_coins GROUP BY 1, 2"
+
+
+def kept(report: replay.Report) -> str:
+    """How to look at what `--keep` left, and how to get rid of it."""
+    if report.path is None:
+        return (
+            f"kept: the demo_* tables and the leaderboard_close claim in {report.database};\n"
+            "  the next `oncely demo` on this database replaces them (without --keep, removes them)"
+        )
+    db = f"{report.path}/demo.db"
+    return "\n".join(
+        [
+            f"kept: {db} (delete {report.path} when done); look inside with",
+            f"  oncely --database-url sqlite:///{db} history leaderboard_close",
+            f"  sqlite3 {db} '{COINS_QUERY}'",
+        ]
+    )
+
+
 _SHORT = {
     "naive": "try-lock only",
     "sentinel": "try-lock + title sentinel",
@@ -93,10 +113,7 @@ def demo(ctx: click.Context, demo_url: str | None, keep: bool, as_json: bool) ->
         click.echo(WHY)
         if keep:
             click.echo("")
-            click.echo(f"kept: {report.database}")
-            click.echo(
-                f"  inspect: oncely --database-url '{report.database}' history leaderboard_close"
-            )
+            click.echo(kept(report))
     if not report.ok:
         click.echo("error: oncely's scenario did not close the week exactly once", err=True)
         sys.exit(EXIT_JOB_FAILED)
