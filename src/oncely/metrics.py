@@ -241,12 +241,14 @@ def install(registry: CollectorRegistry | None = None) -> Metrics:
 
 
 def uninstall(registry: CollectorRegistry | None = None) -> None:
-    """Stop feeding the metrics of `registry` (they keep their values)."""
+    """Stop feeding oncely's metrics and remove them from `registry` (e.g. between tests)."""
     target = registry if registry is not None else _prometheus().REGISTRY
     with _lock:
         metrics = _installed.pop(id(target), None)
     if metrics is not None:
         events.unsubscribe(metrics.observe)
+        for metric in metrics._metrics.values():
+            target.unregister(metric)
 
 
 @dataclass
