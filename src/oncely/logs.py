@@ -82,11 +82,15 @@ def traceback_line(error: BaseException) -> None:
     )
 
 
-def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
-    """Send log lines to `stream` (stderr): oncely's at `level`, other libraries' at WARNING+.
+# Libraries whose debug output is about drivers and SQL, not about your jobs.
+QUIET = ("sqlalchemy", "aiosqlite", "asyncpg", "asyncio", "urllib3")
 
-    Raising only oncely's logger keeps `--log-level debug` about oncely: driver and SQL
-    chatter from other libraries stays at WARNING and above.
+
+def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Send log lines to `stream` (stderr) at `level`, in `fmt` ("text" or "json").
+
+    Your jobs' own loggers follow `level` too; database drivers and SQLAlchemy stay at
+    WARNING and above, so `--log-level debug` is about oncely and your code.
     """
     global _format
     if fmt not in FORMATS:
@@ -101,5 +105,7 @@ def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = No
     handler._oncely = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     numeric = logging.getLevelName(level.upper())
-    root.setLevel(max(numeric, logging.WARNING))
+    root.setLevel(numeric)
     logging.getLogger("oncely").setLevel(numeric)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING))

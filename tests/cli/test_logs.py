@@ -136,13 +136,20 @@ def test_formatters_mask_a_password_from_any_logger() -> None:
     assert lines[2].endswith("DEBUG oncely dsn=mysql+x://admin:***@h/d")
 
 
-def test_debug_level_is_about_oncely_not_driver_chatter() -> None:
+def test_debug_level_is_about_oncely_and_your_code_not_driver_chatter() -> None:
     stream = io.StringIO()
     logs.configure("debug", "text", stream)
     try:
         logging.getLogger("aiosqlite").debug("executing a statement")
+        logging.getLogger("sqlalchemy.engine.Engine").info("SELECT 1")
         logging.getLogger("oncely").debug("an oncely detail")
+        logging.getLogger("myapp.jobs").debug("a job's detail")
+        logs.configure("info", "text", stream)
+        logging.getLogger("myapp.jobs").info("paid 3 members")
+        logging.getLogger("myapp.jobs").debug("hidden at info")
     finally:
         logs.configure("info", "text")
-    assert "executing a statement" not in stream.getvalue()
-    assert "an oncely detail" in stream.getvalue()
+    text = stream.getvalue()
+    assert "executing a statement" not in text and "SELECT 1" not in text
+    assert "an oncely detail" in text and "a job's detail" in text
+    assert "paid 3 members" in text and "hidden at info" not in text
