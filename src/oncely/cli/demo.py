@@ -79,7 +79,8 @@ _SHORT = {
     "--database-url",
     "demo_url",
     metavar="URL",
-    help="Run on this database (e.g. Postgres) instead of a temporary SQLite file.",
+    help="Run on this database (e.g. Postgres) instead of a temporary SQLite file; the demo "
+    "writes demo_* tables there and removes them afterwards unless --keep.",
 )
 @click.option("--keep", is_flag=True, help="Keep the database and its rows to inspect them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")

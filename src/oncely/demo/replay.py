@@ -1,12 +1,13 @@
 """Replay the incident: three replica processes, one Friday 18:00 slot, three ways.
 
-Each replica is a real OS process that ticks once; replica A at 18:00, B at 18:01 and C at
-18:02 (simulated time, America/Mexico_City). The numbers in the final table are counted in
-the database after the runs, not taken from what the replicas said.
+Each replica is a real OS process, started once, that ticks once per scenario: replica A at
+18:00, B at 18:01 and C at 18:02 (simulated time, America/Mexico_City). The numbers in the
+final table are counted in the database after the runs, not taken from what the replicas said.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -26,6 +27,7 @@ import sqlalchemy as sa
 
 from ..app import Oncely
 from ..errors import OncelyError
+from ..schema import metadata as oncely_metadata
 from ..store import mask_url
 from . import leaderboard as lb
 from .replica import DONE
@@ -189,8 +191,6 @@ async def clean(app: Oncely, *, drop_oncely_tables: bool) -> None:
     async with app.store.engine.begin() as conn:
         await conn.run_sync(lb.metadata.drop_all)
         if drop_oncely_tables:
-            from ..schema import metadata as oncely_metadata
-
             await conn.run_sync(oncely_metadata.drop_all)
 
 
@@ -326,8 +326,6 @@ async def run_demo(
     url: str, directory: str | None, keep: bool, show: Callable[[str], None]
 ) -> Report:
     """Set up, replay the three scenarios, count the effects, and clean up unless `keep`."""
-    import asyncio
-
     app = Oncely(url)
     try:
         had_schema = await app.store.schema_version() is not None
