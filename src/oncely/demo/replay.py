@@ -260,13 +260,19 @@ class Replica:
             self.proc.wait()
 
 
+NOISE = {"slot", "claimed_at", "latency_ms", "duration_ms"}
+"""Log fields left out of the demo's output (the slot is in the line above; the simulated
+slot is months away from the wall clock, so its latency means nothing here)."""
+
+
 def shown(out: list[str], err: list[str], *, failed: bool) -> list[str]:
     """A tick's stdout, then oncely's `run.*` log lines without their timestamp."""
     lines = [line for line in out if line.strip()]
     for line in err:
         at = line.find(" run.")
         if at >= 0:
-            lines.append(line[at + 1 :])
+            words = line[at + 1 :].split(" ")
+            lines.append(" ".join(w for w in words if w.partition("=")[0] not in NOISE))
         elif failed:
             lines.append(line)
     return lines
