@@ -36,7 +36,7 @@ def json_lines(stderr: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in stderr.splitlines() if line.strip()]
 
 
-def test_json_log_lines_carry_the_event_and_its_fields(env: dict[str, str]) -> None:
+def test_duplicates_are_observable_as_json_log_events(env: dict[str, str]) -> None:
     first = run_cli(
         "--log-format",
         "json",
@@ -78,7 +78,7 @@ def test_text_log_lines_name_the_event(env: dict[str, str]) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("log_format", ["text", "json"])
-def test_never_a_password_in_any_line(
+def test_bad_input_unreachable_database_never_shows_the_password(
     postgres_database: str, log_format: str, tmp_path: Path
 ) -> None:
     # The test server trusts local connections, so a URL with a password works: every

@@ -80,7 +80,9 @@ async def real_runs(db_url: str) -> int:
         await app.aclose()
 
 
-def test_metrics_count_real_runs_over_http(db_url: str, registry: CollectorRegistry) -> None:
+def test_duplicates_are_observable_in_metrics_scraped_over_http(
+    db_url: str, registry: CollectorRegistry
+) -> None:
     server = metrics.serve(0, registry=registry)
     try:
         assert server.host == "127.0.0.1" and server.url.startswith("http://127.0.0.1:")
