@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 TOP3 = ["ana", "beto", "carla"]
 EXPECTED = {
@@ -99,6 +99,8 @@ def test_demo_default_replays_the_incident_and_leaves_nothing(tmp_path: Path) ->
     assert " ".join(table[1].split()) == "(a) try-lock only 3 3 3 +30 +30 +30 3 3 times"
     assert " ".join(table[2].split()).endswith(" 3 3 3 +30 +30 +30 0 3 times")
     assert " ".join(table[3].split()) == "(c) oncely 1 1 1 +10 +10 +10 0 once"
+    # The docs show this very table.
+    assert "\n".join(table[:4]) in (ROOT / "docs" / "demo.md").read_text()
     assert not elsewhere.exists()
     assert list(tmp_path.iterdir()) == []  # nothing written in the working directory either
     leftovers = [p for p in Path(_tmpdir()).glob("oncely-demo-*") if p.stat().st_mtime >= started]
