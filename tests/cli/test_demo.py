@@ -168,3 +168,18 @@ def test_demo_unreachable_database_is_a_clear_error_without_the_password(
         proc.stderr
     )
     assert "s3cret" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://u:s3cret@h/x", "unsupported database 'mysql' in 'mysql://u:***@h/x'"),
+        ("sqlite:////nonexistent/dir/x.db", "cannot reach the database at sqlite+aiosqlite:///"),
+    ],
+)
+def test_demo_bad_database_url_is_a_clear_error(tmp_path: Path, url: str, message: str) -> None:
+    proc = run_cli("demo", "--database-url", url, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "s3cret" not in proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []
