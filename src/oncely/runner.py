@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from . import events
+from . import clock, events
 from .errors import JobTransactionError
 from .model import RunResult, RunStatus
 from .registry import Job
@@ -52,6 +52,8 @@ async def run_slot(
         "key": key,
         "slot": slot.isoformat(),
         "replica": replica,
+        # Fire latency: how late this attempt started, against the slot's nominal time.
+        "latency_ms": round((clock.utcnow() - slot).total_seconds() * 1000, 1),
     }
     async with store.attempt() as session:
         outcome = await store.lock_and_claim(session, job.name, key, slot, replica, busy_ms=busy_ms)
