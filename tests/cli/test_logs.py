@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from tests.apps.leaderboard import APP_TABLES
+from tests.apps.leaderboard import create_tables
 from tests.conftest import ROOT, _reset_postgres, run_cli
 
 from oncely import events, logs
@@ -24,10 +24,7 @@ PASSWORD = "s3cret-Pa55"
 def env(db_url: str, sync_engine: sa.Engine) -> dict[str, str]:
     env = {"ONCELY_DATABASE_URL": db_url, "ONCELY_APP": APP}
     assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
-    with sync_engine.begin() as conn:
-        for statement in APP_TABLES.strip().split(";"):
-            if statement.strip():
-                conn.exec_driver_sql(statement)
+    create_tables(sync_engine)
     return env
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
