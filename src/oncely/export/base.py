@@ -392,3 +392,32 @@ def _scalar(value: object) -> str:
     if isinstance(value, list):
         return "[]"
     return json.dumps(str(value), ensure_ascii=False)
+
+
+def standard_cron(job: Job, fields: CronFields, target: str) -> str:
+    """The fields in plain 5-field cron (Vixie cron, cronie, Kubernetes' robfig/cron).
+
+    Those crons OR a restricted day-of-month with a restricted day-of-week and AND them when
+    either field is `*`; neither knows `L`, `LW` or `#`.
+    """
+    if fields.dom_special:
+        construct = "`L` (last day of the month)" if fields.last_day else "`LW` (last weekday)"
+        raise UnsupportedScheduleError(job.name, target, construct)
+    if fields.dow_special:
+        construct = "`#` (nth weekday of the month)" if fields.nth_weekdays else "`L` weekdays"
+        raise UnsupportedScheduleError(
+            job.name, target, f"{construct} in the day-of-week field", "use EventBridge or systemd"
+        )
+    if fields.rule is DayRule.AND:
+        raise UnsupportedScheduleError(
+            job.name,
+            target,
+            f"{fields.rule.value} both restricted (it would OR them)",
+            "make one of the two fields `*`",
+        )
+    minute = "*" if fields.minutes == ALL_MINUTES else compact(fields.minutes)
+    hour = "*" if fields.hours == ALL_HOURS else compact(fields.hours)
+    month = "*" if fields.months == ALL_MONTHS else compact(fields.months)
+    dom = "*" if fields.rule in (DayRule.ALL, DayRule.DOW) else compact(fields.days)
+    dow = "*" if fields.rule in (DayRule.ALL, DayRule.DOM) else compact(fields.weekdays)
+    return f"{minute} {hour} {dom} {month} {dow}"

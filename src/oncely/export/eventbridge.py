@@ -87,10 +87,9 @@ def _aws_dom(job: Job, fields: CronFields) -> str:
 
 
 def _aws_dow(job: Job, fields: CronFields) -> str:
-    terms = (
-        [f"{d + 1}L" for d in sorted(fields.last_weekdays)]
-        + [f"{d + 1}#{n}" for d, n in sorted(fields.nth_weekdays)]
-    )
+    terms = [f"{d + 1}L" for d in sorted(fields.last_weekdays)] + [
+        f"{d + 1}#{n}" for d, n in sorted(fields.nth_weekdays)
+    ]
     if terms and (fields.weekdays or len(terms) > 1):
         raise _refuse(job, f"`{terms[0]}` (AWS numbering) combined with other days of the week")
     return terms[0] if terms else compact(d + 1 for d in fields.weekdays)
