@@ -255,6 +255,10 @@ def _instants(wall: datetime, zone: ZoneInfo, model: DstModel) -> list[datetime]
     return unique
 
 
+# Every offset change on record moves wall time by at most two hours.
+_AROUND = timedelta(hours=3)
+
+
 @dataclass(frozen=True)
 class DstDifference:
     """Where a target's DST rule makes it fire differently from oncely around one change."""
@@ -264,7 +268,7 @@ class DstDifference:
 
 
 def dst_differences(
-    schedule: CronSchedule, model: DstModel, now: datetime, years: int = 8
+    schedule: CronSchedule, model: DstModel, now: datetime, years: int = 12
 ) -> list[DstDifference]:
     """Compare oncely's slots with the target's around every offset change in `years`."""
     zone = schedule.zone
@@ -272,8 +276,17 @@ def dst_differences(
         return []
     fields = cron_fields(schedule.expr)
     found = []
+    seen: set[tuple[object, ...]] = set()
     for change in _transitions(zone, now, years):
-        lo, hi = change - timedelta(hours=4), change + timedelta(hours=4)
+        lo, hi = change - _AROUND, change + _AROUND
+        # Slots near a change depend only on the offsets, the local time of the change and
+        # which nearby dates match; changes alike in those give the same answer.
+        local = change.astimezone(zone)
+        days = tuple(fields.matches_day(local.date() + timedelta(days=k)) for k in (-1, 0, 1))
+        alike = (lo.astimezone(zone).utcoffset(), local.utcoffset(), local.time(), days)
+        if alike in seen:
+            continue
+        seen.add(alike)
         # Compare in UTC: two aware times in one zone compare by wall time, fold ignored.
         ours_utc = {s.astimezone(UTC) for s in schedule.slots_between(lo, hi)}
         theirs = set(model_slots(fields, zone, model, lo, hi))
@@ -301,13 +314,13 @@ def dst_warning(
     if missing:
         first = missing[0].astimezone(zone).isoformat(timespec="minutes")
         parts.append(
-            f"skips {len(missing)} slot(s) at DST changes that oncely runs (first: {first}); "
+            f"skips slots at DST changes that oncely runs (first: {first}); "
             "run `oncely worker` as well, or add a schedule for those times"
         )
     if extra:
         first = extra[0].astimezone(zone).isoformat(timespec="minutes")
         parts.append(
-            f"fires {len(extra)} extra time(s) in repeated hours (first: {first}); "
+            f"fires extra times in repeated hours (first: {first}); "
             "`oncely run` maps each to a slot already claimed, so it has no second effect"
         )
     return f"job {job.name!r}: {target} in {zone} " + "; ".join(parts)
