@@ -49,3 +49,6 @@ def oncely_process(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         env=env,
     )
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -52,7 +52,16 @@ class Unit:
     user: str | None = None
 
 
-def _day_name(d: int) -> str:
+def _day_name(monday_first: int) -> str:
+    return WEEKDAY_NAMES[(monday_first + 1) % 7].capitalize()
+
+
+def _weekdays(days: frozenset[int]) -> str:
+    """Weekdays (SUN=0) as systemd writes them: ranges run Mon..Sun and never wrap."""
+    return compact(((d + 6) % 7 for d in days), "..", _day_name)
+
+
+def _one_day(d: int) -> str:
     return WEEKDAY_NAMES[d].capitalize()
 
 
@@ -70,11 +79,11 @@ def _dom_terms(fields: CronFields) -> list[tuple[str | None, str]]:
 def _dow_terms(fields: CronFields) -> list[tuple[str | None, str]]:
     terms: list[tuple[str | None, str]] = []
     if fields.weekdays:
-        terms.append((compact(fields.weekdays, "..", _day_name), "-*"))
+        terms.append((_weekdays(fields.weekdays), "-*"))
     for d in sorted(fields.last_weekdays):
-        terms.append((_day_name(d), "~07/1"))
+        terms.append((_one_day(d), "~07/1"))
     for d, n in sorted(fields.nth_weekdays):
-        terms.append((_day_name(d), "-" + _NTH[n]))
+        terms.append((_one_day(d), "-" + _NTH[n]))
     return terms
 
 
@@ -93,7 +102,7 @@ def _day_terms(job: Job, fields: CronFields) -> list[tuple[str | None, str]]:
             job.name, TARGET, f"{fields.rule.value} with `L`, `LW` or `#`"
         )
     days = "-" + compact(fields.days, "..", lambda d: f"{d:02d}")
-    return [(compact(fields.weekdays, "..", _day_name), days)]
+    return [(_weekdays(fields.weekdays), days)]
 
 
 def _numbers(values: frozenset[int], full: frozenset[int]) -> str:
