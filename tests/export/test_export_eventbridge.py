@@ -67,14 +67,15 @@ def _aws(expr: str, tz: str = "UTC") -> str:
         ("15 8 * * MON-FRI", "cron(15 8 ? * 2-6 *)"),
         ("0 9 * * SAT,SUN", "cron(0 9 ? * 1,7 *)"),
         ("0 9 * * 7", "cron(0 9 ? * 1 *)"),
-        ("*/15 9-17 * JAN-MAR,OCT *", "cron(0,15,30,45 9-17 * 1-3,10 ? *)"),
-        ("0 0 */10 * *", "cron(0 0 1,11,21,31 * ? *)"),
+        ("*/15 9-17 * JAN-MAR,OCT *", "cron(0/15 9-17 * 1-3,10 ? *)"),
+        ("0 0 */10 * *", "cron(0 0 1/10 * ? *)"),
         ("0 23 L * *", "cron(0 23 L * ? *)"),
         ("0 17 LW * *", "cron(0 17 LW * ? *)"),
         ("30 7 * * TUE#2", "cron(30 7 ? * 3#2 *)"),
         ("0 20 * * 5L", "cron(0 20 ? * 6L *)"),
         ("0 0 1-31 * MON", "cron(0 0 * * ? *)"),  # Debian: both restricted means OR
-        ("0 0 */2 * 0-6", "cron(0 0 1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31 * ? *)"),
+        ("0 0 */2 * 0-6", "cron(0 0 1/2 * ? *)"),
+        ("5,25,45 1,3,5 * * *", "cron(5/20 1,3,5 * * ? *)"),
     ],
 )
 def test_translates_each_construct_exactly(expr: str, aws: str) -> None:
@@ -108,7 +109,7 @@ def test_intervals_export_when_slot_aligned_and_refuse_otherwise() -> None:
     long = registry.add_job(every(days=2), lambda db, now: None, name="two_days")
     target = eventbridge.EcsTarget("c", "t", "app", "r")
     props = eventbridge.schedule_properties(aligned, target)
-    assert props["ScheduleExpression"] == "cron(0,20,40 * * * ? *)"
+    assert props["ScheduleExpression"] == "cron(0/20 * * * ? *)"
     assert props["ScheduleExpressionTimezone"] == "UTC"
     assert eventbridge.schedule_properties(daily, target)["ScheduleExpression"] == (
         "cron(0 0 * * ? *)"

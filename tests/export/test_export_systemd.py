@@ -84,7 +84,7 @@ def oncely_slots(schedule: Schedule, base: datetime, end: datetime) -> list[date
         (cron("15 8 * * MON-FRI", "Europe/Madrid"), ["Mon..Fri *-*-* 08:15:00 Europe/Madrid"]),
         (
             cron("*/15 9-17 * JAN-MAR,OCT *"),
-            ["*-01..03,10-* 09..17:00,15,30,45:00 UTC"],
+            ["*-01..03,10-* 09..17:00/15:00 UTC"],
         ),
         (cron("0 23 L * *"), ["*-*~01 23:00:00 UTC"]),
         (
@@ -98,10 +98,12 @@ def oncely_slots(schedule: Schedule, base: datetime, end: datetime) -> list[date
         (cron("30 7 * * TUE#2"), ["Tue *-*-08..14 07:30:00 UTC"]),
         (cron("0 20 * * 5L"), ["Fri *-*~07/1 20:00:00 UTC"]),
         (cron("0 12 5 * MON"), ["*-*-05 12:00:00 UTC", "Mon *-*-* 12:00:00 UTC"]),
-        (cron("0 12 */10 * SAT"), ["Sat *-*-01,11,21,31 12:00:00 UTC"]),
+        (cron("0 12 */10 * SAT"), ["Sat *-*-01/10 12:00:00 UTC"]),
+        (cron("0 12 */2 * MON"), ["Mon *-*-01/2 12:00:00 UTC"]),
+        (cron("5,25,45 1,3,5 */3 * *"), ["*-*-01/3 01,03,05:05/20:00 UTC"]),
         (every(seconds=10), ["*-*-* *:*:00/10 UTC"]),
-        (every(minutes=20), ["*-*-* *:00,20,40:00 UTC"]),
-        (every(hours=6), ["*-*-* 00,06,12,18:00:00 UTC"]),
+        (every(minutes=20), ["*-*-* *:00/20:00 UTC"]),
+        (every(hours=6), ["*-*-* 00/6:00:00 UTC"]),
     ],
 )
 def test_on_calendar_values(schedule: Schedule, values: list[str]) -> None:
@@ -118,6 +120,8 @@ def test_on_calendar_values(schedule: Schedule, values: list[str]) -> None:
         cron("0 20 * * 0L", "Asia/Kolkata"),
         cron("0 12 5 * MON"),
         cron("0 12 */10 * SAT"),
+        cron("0 12 */2 * MON"),
+        cron("5,25,45 1,3,5 */3 * *", "Europe/Madrid"),
         cron("0 18 * * FRI", "America/Mexico_City"),
         every(seconds=10),
         every(minutes=20),
@@ -227,7 +231,4 @@ def test_json_is_one_document_of_files() -> None:
     assert result.returncode == 0, result.stderr
     files = json.loads(result.stdout)["files"]
     assert sorted(files) == ["oncely-every_five_minutes.service", "oncely-every_five_minutes.timer"]
-    assert (
-        "OnCalendar=*-*-* *:00,05,10,15,20,25,30,35,40,45,50,55:00 UTC\n"
-        in files["oncely-every_five_minutes.timer"]
-    )
+    assert "OnCalendar=*-*-* *:00/5:00 UTC\n" in files["oncely-every_five_minutes.timer"]

@@ -157,6 +157,19 @@ def compact(
     return ",".join(terms)
 
 
+def progression(values: Iterable[int], hi: int) -> tuple[int, int] | None:
+    """(start, step) when the values are start, start+step, ... to the field's end `hi`.
+
+    Such a set is what a step term (`*/15`, `0/15`, `10-59/20`) means in every cron dialect;
+    at least three values and a step of 2 or more, else a list says it as briefly.
+    """
+    ordered = sorted(set(values))
+    if len(ordered) < 3 or ordered[1] - ordered[0] < 2:
+        return None
+    step = ordered[1] - ordered[0]
+    return (ordered[0], step) if ordered == list(range(ordered[0], hi + 1, step)) else None
+
+
 def interval_as_cron(job: Job, target: str, every: EverySchedule) -> CronSchedule:
     """An interval as the UTC cron expression with exactly the same slots, or a refusal.
 
@@ -428,9 +441,20 @@ def standard_cron(job: Job, fields: CronFields, target: str) -> str:
             f"{fields.rule.value} both restricted (it would OR them)",
             "make one of the two fields `*`",
         )
-    minute = "*" if fields.minutes == ALL_MINUTES else compact(fields.minutes)
-    hour = "*" if fields.hours == ALL_HOURS else compact(fields.hours)
-    month = "*" if fields.months == ALL_MONTHS else compact(fields.months)
-    dom = "*" if fields.rule in (DayRule.ALL, DayRule.DOW) else compact(fields.days)
+    minute = _std_field(fields.minutes, 0, 59)
+    hour = _std_field(fields.hours, 0, 23)
+    month = _std_field(fields.months, 1, 12)
+    # A restricted day field never starts with `*`: that would turn cron's OR into AND.
+    dom = "*" if fields.rule in (DayRule.ALL, DayRule.DOW) else _std_field(fields.days, 1, 31, "")
     dow = "*" if fields.rule in (DayRule.ALL, DayRule.DOM) else compact(fields.weekdays)
     return f"{minute} {hour} {dom} {month} {dow}"
+
+
+def _std_field(values: frozenset[int], lo: int, hi: int, star: str = "*") -> str:
+    if values == frozenset(range(lo, hi + 1)):
+        return "*"
+    steps = progression(values, hi)
+    if steps is None:
+        return compact(values)
+    start, step = steps
+    return f"{star}/{step}" if start == lo and star else f"{start}-{hi}/{step}"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..registry import Job
 from .base import (
+    ALL_DAYS,
     ALL_HOURS,
     ALL_MINUTES,
     ALL_MONTHS,
@@ -30,6 +31,7 @@ from .base import (
     cron_fields,
     cron_schedule,
     dst_warning,
+    progression,
     resource_name,
     to_yaml,
 )
@@ -61,9 +63,9 @@ def _refuse(job: Job, construct: str, hint: str = "") -> UnsupportedScheduleErro
 
 def aws_cron(job: Job, fields: CronFields) -> str:
     """The job's fields in AWS's 6-field syntax, meaning exactly what cronsim matches."""
-    minute = "*" if fields.minutes == ALL_MINUTES else compact(fields.minutes)
-    hour = "*" if fields.hours == ALL_HOURS else compact(fields.hours)
-    month = "*" if fields.months == ALL_MONTHS else compact(fields.months)
+    minute = _field(fields.minutes, ALL_MINUTES)
+    hour = _field(fields.hours, ALL_HOURS)
+    month = _field(fields.months, ALL_MONTHS)
     if fields.rule is DayRule.ALL:
         dom, dow = "*", "?"
     elif fields.rule is DayRule.DOM:
@@ -79,11 +81,19 @@ def aws_cron(job: Job, fields: CronFields) -> str:
     return f"cron({minute} {hour} {dom} {month} {dow} *)"
 
 
+def _field(values: frozenset[int], full: frozenset[int]) -> str:
+    """A numeric field; an arithmetic run to the field's end is AWS's `start/step`."""
+    if values == full:
+        return "*"
+    steps = progression(values, max(full))
+    return f"{steps[0]}/{steps[1]}" if steps else compact(values)
+
+
 def _aws_dom(job: Job, fields: CronFields) -> str:
     specials = [s for s, on in (("L", fields.last_day), ("LW", fields.last_weekday)) if on]
     if specials and (fields.days or len(specials) > 1):
         raise _refuse(job, f"`{specials[0]}` combined with other days of the month")
-    return specials[0] if specials else compact(fields.days)
+    return specials[0] if specials else _field(fields.days, ALL_DAYS)
 
 
 def _aws_dow(job: Job, fields: CronFields) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from ..registry import Job
 from ..schedule import EverySchedule
 from .base import (
+    ALL_DAYS,
     ALL_HOURS,
     ALL_MINUTES,
     ALL_MONTHS,
@@ -33,6 +34,7 @@ from .base import (
     cron_fields,
     cron_schedule,
     dst_warning,
+    progression,
     resource_name,
 )
 
@@ -68,7 +70,7 @@ def _one_day(d: int) -> str:
 def _dom_terms(fields: CronFields) -> list[tuple[str | None, str]]:
     terms: list[tuple[str | None, str]] = []
     if fields.days:
-        terms.append((None, "-" + compact(fields.days, "..", lambda d: f"{d:02d}")))
+        terms.append((None, "-" + _numbers(fields.days, ALL_DAYS)))
     if fields.last_day:
         terms.append((None, "~01"))
     if fields.last_weekday:
@@ -101,12 +103,16 @@ def _day_terms(job: Job, fields: CronFields) -> list[tuple[str | None, str]]:
         raise UnsupportedScheduleError(
             job.name, TARGET, f"{fields.rule.value} with `L`, `LW` or `#`"
         )
-    days = "-" + compact(fields.days, "..", lambda d: f"{d:02d}")
+    days = "-" + _numbers(fields.days, ALL_DAYS)
     return [(_weekdays(fields.weekdays), days)]
 
 
 def _numbers(values: frozenset[int], full: frozenset[int]) -> str:
-    return "*" if values == full else compact(values, "..", "{:02d}".format)
+    """A numeric component; an arithmetic run to the field's end is systemd's `start/step`."""
+    if values == full:
+        return "*"
+    steps = progression(values, max(full))
+    return f"{steps[0]:02d}/{steps[1]}" if steps else compact(values, "..", "{:02d}".format)
 
 
 def on_calendar(job: Job) -> list[str]:
