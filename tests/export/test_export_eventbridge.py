@@ -126,7 +126,6 @@ def test_intervals_export_when_slot_aligned_and_refuse_otherwise() -> None:
 )
 @example(expr="30 2 * * *", tz="America/New_York", start=STARTS[1], shift=0)
 @example(expr="*/30 * * * *", tz="Europe/Madrid", start=STARTS[6], shift=6)
-@example(expr="30 2 * * *", tz="Australia/Lord_Howe", start=STARTS[5], shift=0)
 @given(
     expr=cron_expressions,
     tz=zones,

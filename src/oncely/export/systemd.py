@@ -70,7 +70,7 @@ def _one_day(d: int) -> str:
 def _dom_terms(fields: CronFields) -> list[tuple[str | None, str]]:
     terms: list[tuple[str | None, str]] = []
     if fields.days:
-        terms.append((None, "-" + _numbers(fields.days, ALL_DAYS)))
+        terms.append((None, "-" + _numbers(fields.days, ALL_DAYS, steps=False)))
     if fields.last_day:
         terms.append((None, "~01"))
     if fields.last_weekday:
@@ -103,16 +103,20 @@ def _day_terms(job: Job, fields: CronFields) -> list[tuple[str | None, str]]:
         raise UnsupportedScheduleError(
             job.name, TARGET, f"{fields.rule.value} with `L`, `LW` or `#`"
         )
-    days = "-" + _numbers(fields.days, ALL_DAYS)
+    days = "-" + _numbers(fields.days, ALL_DAYS, steps=False)
     return [(_weekdays(fields.weekdays), days)]
 
 
-def _numbers(values: frozenset[int], full: frozenset[int]) -> str:
-    """A numeric component; an arithmetic run to the field's end is systemd's `start/step`."""
+def _numbers(values: frozenset[int], full: frozenset[int], steps: bool = True) -> str:
+    """A numeric component; an arithmetic run to the field's end is systemd's `start/step`.
+
+    Only in the time: systemd 252 fails on a month repetition in a time zone across a year
+    boundary ("Resource deadlock avoided"), so dates are always lists.
+    """
     if values == full:
         return "*"
-    steps = progression(values, max(full))
-    return f"{steps[0]:02d}/{steps[1]}" if steps else compact(values, "..", "{:02d}".format)
+    run = progression(values, max(full)) if steps else None
+    return f"{run[0]:02d}/{run[1]}" if run else compact(values, "..", "{:02d}".format)
 
 
 def on_calendar(job: Job) -> list[str]:
@@ -124,7 +128,7 @@ def on_calendar(job: Job) -> list[str]:
             return [f"*-*-* *:*:00/{seconds} UTC"]
     cron = cron_schedule(job, TARGET)
     fields = cron_fields(cron.expr)
-    month = _numbers(fields.months, ALL_MONTHS)
+    month = _numbers(fields.months, ALL_MONTHS, steps=False)
     hour = _numbers(fields.hours, ALL_HOURS)
     minute = _numbers(fields.minutes, ALL_MINUTES)
     out = []
