@@ -88,7 +88,7 @@ def oncely_slots(schedule: Schedule, base: datetime, end: datetime) -> list[date
         (cron("15 8 * * MON-FRI", "Europe/Madrid"), ["Mon..Fri *-*-* 08:15:00 Europe/Madrid"]),
         (
             cron("*/15 9-17 * JAN-MAR,OCT *"),
-            ["*-01..03,10-* 09..17:00/15:00 UTC"],
+            ["*-01..03,10-* 09..17:00,15,30,45:00 UTC"],
         ),
         (cron("0 23 L * *"), ["*-*~01 23:00:00 UTC"]),
         (
@@ -104,10 +104,10 @@ def oncely_slots(schedule: Schedule, base: datetime, end: datetime) -> list[date
         (cron("0 12 5 * MON"), ["*-*-05 12:00:00 UTC", "Mon *-*-* 12:00:00 UTC"]),
         (cron("0 12 */10 * SAT"), ["Sat *-*-01,11,21,31 12:00:00 UTC"]),
         (cron("0 12 */15 * MON"), ["Mon *-*-01,16,31 12:00:00 UTC"]),
-        (cron("5,25,45 1,3,5 1-5 */5 *"), ["*-01,06,11-01..05 01,03,05:05/20:00 UTC"]),
-        (every(seconds=10), ["*-*-* *:*:00/10 UTC"]),
-        (every(minutes=20), ["*-*-* *:00/20:00 UTC"]),
-        (every(hours=6), ["*-*-* 00/6:00:00 UTC"]),
+        (cron("5,25,45 1,3,5 1-5 */5 *"), ["*-01,06,11-01..05 01,03,05:05,25,45:00 UTC"]),
+        (every(seconds=10), ["*-*-* *:*:00,10,20,30,40,50 UTC"]),
+        (every(minutes=20), ["*-*-* *:00,20,40:00 UTC"]),
+        (every(hours=6), ["*-*-* 00,06,12,18:00:00 UTC"]),
     ],
 )
 def test_on_calendar_values(schedule: Schedule, values: list[str]) -> None:
@@ -127,6 +127,8 @@ def test_on_calendar_values(schedule: Schedule, values: list[str]) -> None:
         cron("0 12 */2 * MON"),
         cron("5,25,45 1,3,5 */3 * *", "Europe/Madrid"),
         cron("0 0 L */5 *", "America/New_York"),
+        cron("0 */5 * * *", "Europe/London"),
+        cron("*/7 */5 * * *"),
         cron("0 18 * * FRI", "America/Mexico_City"),
         every(seconds=10),
         every(minutes=20),
@@ -160,6 +162,7 @@ BASES = [
 @example(expr="30 1 * * *", tz="America/New_York", base=BASES[7], shift=0)
 @example(expr="0 * * * *", tz="Europe/Madrid", base=BASES[6], shift=6)
 @example(expr="*/20 2 L * *", tz="Europe/Madrid", base=BASES[6], shift=0)
+@example(expr="0 */5 * * *", tz="Europe/London", base=BASES[2], shift=0)
 @given(expr=cron_expressions, tz=zones, base=st.sampled_from(BASES), shift=st.integers(0, 12))
 def test_systemd_agrees_with_oncely_or_export_warns(
     expr: str, tz: str, base: datetime, shift: int
@@ -240,4 +243,7 @@ def test_json_is_one_document_of_files() -> None:
     assert result.returncode == 0, result.stderr
     files = json.loads(result.stdout)["files"]
     assert sorted(files) == ["oncely-every_five_minutes.service", "oncely-every_five_minutes.timer"]
-    assert "OnCalendar=*-*-* *:00/5:00 UTC\n" in files["oncely-every_five_minutes.timer"]
+    assert (
+        "OnCalendar=*-*-* *:00,05,10,15,20,25,30,35,40,45,50,55:00 UTC\n"
+        in files["oncely-every_five_minutes.timer"]
+    )

@@ -34,7 +34,6 @@ from .base import (
     cron_fields,
     cron_schedule,
     dst_warning,
-    progression,
     resource_name,
 )
 
@@ -70,7 +69,7 @@ def _one_day(d: int) -> str:
 def _dom_terms(fields: CronFields) -> list[tuple[str | None, str]]:
     terms: list[tuple[str | None, str]] = []
     if fields.days:
-        terms.append((None, "-" + _numbers(fields.days, ALL_DAYS, steps=False)))
+        terms.append((None, "-" + _numbers(fields.days, ALL_DAYS)))
     if fields.last_day:
         terms.append((None, "~01"))
     if fields.last_weekday:
@@ -103,20 +102,15 @@ def _day_terms(job: Job, fields: CronFields) -> list[tuple[str | None, str]]:
         raise UnsupportedScheduleError(
             job.name, TARGET, f"{fields.rule.value} with `L`, `LW` or `#`"
         )
-    days = "-" + _numbers(fields.days, ALL_DAYS, steps=False)
+    days = "-" + _numbers(fields.days, ALL_DAYS)
     return [(_weekdays(fields.weekdays), days)]
 
 
-def _numbers(values: frozenset[int], full: frozenset[int], steps: bool = True) -> str:
-    """A numeric component; an arithmetic run to the field's end is systemd's `start/step`.
-
-    Only in the time: systemd 252 fails on a month repetition in a time zone across a year
-    boundary ("Resource deadlock avoided"), so dates are always lists.
-    """
-    if values == full:
-        return "*"
-    run = progression(values, max(full)) if steps else None
-    return f"{run[0]:02d}/{run[1]}" if run else compact(values, "..", "{:02d}".format)
+def _numbers(values: frozenset[int], full: frozenset[int]) -> str:
+    """A numeric component as a list of values and ranges, never a `start/step` repetition:
+    systemd 252 computes those wrongly across days and fails on them in a time zone
+    ("Resource deadlock avoided"), where the same values as a list work."""
+    return "*" if values == full else compact(values, "..", "{:02d}".format)
 
 
 def on_calendar(job: Job) -> list[str]:
@@ -125,10 +119,11 @@ def on_calendar(job: Job) -> list[str]:
     if isinstance(schedule, EverySchedule):
         seconds = int(schedule.period.total_seconds())
         if 60 % seconds == 0:
-            return [f"*-*-* *:*:00/{seconds} UTC"]
+            every_n = ",".join(f"{s:02d}" for s in range(0, 60, seconds))
+            return [f"*-*-* *:*:{every_n} UTC"]
     cron = cron_schedule(job, TARGET)
     fields = cron_fields(cron.expr)
-    month = _numbers(fields.months, ALL_MONTHS, steps=False)
+    month = _numbers(fields.months, ALL_MONTHS)
     hour = _numbers(fields.hours, ALL_HOURS)
     minute = _numbers(fields.minutes, ALL_MINUTES)
     out = []
