@@ -192,8 +192,6 @@ def export_systemd(
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     output_dir.mkdir(parents=True, exist_ok=True)
-    files = systemd.export(_jobs(obj, job_names), unit, "json", utcnow()).data
-    assert isinstance(files, dict)
-    for name, body in files["files"].items():
+    for name, body in systemd.files_of(result).items():
         (output_dir / name).write_text(body)
         click.echo(f"wrote {output_dir / name}")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from enum import Enum
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim
@@ -344,7 +345,7 @@ class Export:
     """The text (or JSON-ready data) a target produced, and the warnings to print on stderr."""
 
     text: str
-    data: object
+    data: Any
     warnings: list[str] = field(default_factory=list)
 
 

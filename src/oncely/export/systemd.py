@@ -168,6 +168,12 @@ def unit_files(job: Job, unit: Unit) -> dict[str, str]:
     return {f"{base}.service": "\n".join(service) + "\n", f"{base}.timer": "\n".join(timer) + "\n"}
 
 
+def files_of(result: Export) -> dict[str, str]:
+    """The `{file name: contents}` an export produced, whichever its format."""
+    data: dict[str, str] = result.data.get("files", result.data)
+    return data
+
+
 def export(jobs: Sequence[Job], unit: Unit, fmt: str, now: datetime) -> Export:
     """The unit files, concatenated with a `# file:` header each, or as one JSON document."""
     files: dict[str, str] = {}
