@@ -176,6 +176,9 @@ def test_kubernetes_json_is_one_list_document_and_refusals_exit_2() -> None:
     assert "job 'month_end': Kubernetes CronJob cannot express `L`" in refused.stderr
     every_job = oncely("export", "kubernetes", "--image", "app:1")  # all jobs: some refused
     assert every_job.returncode == 2 and every_job.stdout == ""
+    unknown = oncely("export", "kubernetes", "--image", "app:1", "--job", "nope")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert "unknown job 'nope'" in unknown.stderr
 
 
 def test_crontab_groups_jobs_under_cron_tz() -> None:

@@ -66,8 +66,6 @@ class CronFields:
     last_weekdays: frozenset[int]
     nth_weekdays: frozenset[tuple[int, int]]
     rule: DayRule
-    # cronsim keeps wall-clock times across DST only when both minute and hour are fixed.
-    wall_clock: bool
     _sim: CronSim = field(repr=False, compare=False)
 
     @property
@@ -90,7 +88,6 @@ class CronFields:
 def cron_fields(expr: str) -> CronFields:
     """Read a 5-field expression the way cronsim evaluates it."""
     sim = CronSim(expr, datetime(2000, 1, 1))
-    parts = expr.upper().split()
     days = {d for d in sim.days if d > 0}
     weekdays: set[int] = set()
     last_weekdays: set[int] = set()
@@ -127,7 +124,6 @@ def cron_fields(expr: str) -> CronFields:
         last_weekdays=frozenset(last_weekdays),
         nth_weekdays=frozenset(nth),
         rule=rule,
-        wall_clock=not parts[0].startswith("*") and not parts[1].startswith("*"),
         _sim=sim,
     )
 
