@@ -100,7 +100,7 @@ def oncely_slots(schedule: Schedule, base: datetime, end: datetime) -> list[date
             ],
         ),
         (cron("30 7 * * TUE#2"), ["Tue *-*-08..14 07:30:00 UTC"]),
-        (cron("0 20 * * 5L"), ["Fri *-*~07/1 20:00:00 UTC"]),
+        (cron("0 20 * * 5L"), ["Fri *-*~01..07 20:00:00 UTC"]),
         (cron("0 12 5 * MON"), ["*-*-05 12:00:00 UTC", "Mon *-*-* 12:00:00 UTC"]),
         (cron("0 12 */10 * SAT"), ["Sat *-*-01,11,21,31 12:00:00 UTC"]),
         (cron("0 12 */15 * MON"), ["Mon *-*-01,16,31 12:00:00 UTC"]),

@@ -2,7 +2,7 @@
 
 `OnCalendar=` ANDs a weekday with a date, so cron's OR becomes two `OnCalendar=` lines (a timer
 fires on their union); `L` is `~01`, `LW` is the union of "Mon..Fri ~01" and "Fri ~02/~03",
-a last weekday is `~07/1` and the nth weekday is a 7-day date range. Intervals that divide a
+a last weekday is `~01..07` and the nth weekday is a 7-day date range. Intervals that divide a
 minute are written in seconds. systemd skips a wall time in the spring-forward gap and fires a
 repeated one once.
 """
@@ -82,7 +82,7 @@ def _dow_terms(fields: CronFields) -> list[tuple[str | None, str]]:
     if fields.weekdays:
         terms.append((_weekdays(fields.weekdays), "-*"))
     for d in sorted(fields.last_weekdays):
-        terms.append((_one_day(d), "~07/1"))
+        terms.append((_one_day(d), "~01..07"))
     for d, n in sorted(fields.nth_weekdays):
         terms.append((_one_day(d), "-" + _NTH[n]))
     return terms
