@@ -269,8 +269,10 @@ def migrate(obj: Context) -> None:
 # Feature commands live in their own modules (cli/<feature>.py) and register here.
 
 from .demo import demo  # noqa: E402
+from .export import export_group  # noqa: E402
 
 cli.add_command(demo)
+cli.add_command(export_group)
 
 
 def main() -> None:
