@@ -262,6 +262,9 @@ def migrate(obj: Context) -> None:
 
 
 # Feature commands live in their own modules (cli/<feature>.py) and register here.
+from .worker import worker as _worker  # noqa: E402
+
+cli.add_command(_worker)
 
 
 def main() -> None:

@@ -286,6 +286,19 @@ class Store:
         rows = await self._read(sql.get_claim(job, key))
         return _claim(rows[0]) if rows else None
 
+    async def last_slots(self) -> dict[str, datetime]:
+        """The newest claimed slot time of each job that has one (the worker's catch-up floor)."""
+        rows = await self._read(sql.last_slots())
+        return {r.job: r.slot for r in rows if r.slot is not None}
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether an error a job's attempt died of means the database itself is unreachable."""
+        if isinstance(exc, DatabaseUnavailableError):
+            return True
+        if isinstance(exc, sa.exc.DBAPIError):
+            return isinstance(self._translated(exc), DatabaseUnavailableError)
+        return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError))
+
     async def release(self, job: str, key: str) -> Claim | None:
         """Delete one claim so its slot can run again; the claim that was deleted, if any."""
         with self.translate():

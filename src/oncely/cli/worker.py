@@ -1,0 +1,44 @@
+"""`oncely worker`: the embedded scheduler, safe to run in every replica."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from . import Context, handled
+
+
+def _job_list(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+@click.command("worker")
+@click.option("--jobs", metavar="A,B", help="Run only these jobs (default: every job).")
+@click.option(
+    "--shutdown-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="On SIGTERM/SIGINT, how long running attempts may finish before they are cancelled.",
+)
+@click.pass_obj
+@handled
+def worker(obj: Context, jobs: str | None, shutdown_timeout: float) -> None:
+    """Run the due slots of the app's jobs until SIGTERM/SIGINT (then exit 0)."""
+    names = _job_list(jobs)
+    if names is not None:
+        for name in names:
+            obj.app.registry.job(name)  # unknown job: exit 2 before touching the database
+    app = obj.app
+
+    async def go() -> None:
+        try:
+            await app.work(jobs=names, shutdown_timeout=shutdown_timeout, handle_signals=True)
+        finally:
+            await app.aclose()
+
+    asyncio.run(go())
