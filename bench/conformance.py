@@ -33,9 +33,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 APP = "tests.apps.ticker:app"
 DDL = (
-    "CREATE TABLE IF NOT EXISTS ticks (slot varchar(64) NOT NULL, "
+    "CREATE TABLE IF NOT EXISTS ticks (job varchar(64) NOT NULL, slot varchar(64) NOT NULL, "
     "replica varchar(255) NOT NULL, ran_at varchar(64) NOT NULL)"
 )
 
@@ -47,9 +48,15 @@ def sync_engine(url: str) -> sa.Engine:
     return sa.create_engine(parsed.set(drivername="sqlite"))
 
 
-def env_for(url: str) -> dict[str, str]:
+def env_for(url: str, extra_jobs: int = 0) -> dict[str, str]:
     path = os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "ONCELY_DATABASE_URL": url, "ONCELY_APP": APP, "PYTHONPATH": path}
+    return {
+        **os.environ,
+        "ONCELY_DATABASE_URL": url,
+        "ONCELY_APP": APP,
+        "PYTHONPATH": path,
+        "ONCELY_TICK_EXTRA": str(extra_jobs),
+    }
 
 
 def prepare(url: str) -> None:
@@ -69,19 +76,28 @@ def prepare(url: str) -> None:
 class Fleet:
     """The worker processes, with their logs in one directory."""
 
-    def __init__(self, url: str, logs: Path, prefix: list[str] | None = None) -> None:
+    def __init__(self, url: str, logs: Path, extra_jobs: int = 0) -> None:
         self.url = url
+        self.extra_jobs = extra_jobs
         self.logs = logs
-        self.prefix = prefix or []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.skewed: list[subprocess.Popen[bytes]] = []
         self.started = 0
 
-    def start(self, prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
+    def start(self, skew: str | None = None) -> subprocess.Popen[bytes]:
+        """Start one worker; with `skew` (e.g. "+90s"), its clock is off by that much."""
         self.started += 1
         log = (self.logs / f"worker-{self.started:03d}.log").open("wb")
-        cmd = [*(prefix or self.prefix), sys.executable, "-m", "oncely", "worker"]
-        proc = subprocess.Popen(cmd, env=env_for(self.url), cwd=ROOT, stdout=log, stderr=log)
+        cmd = [sys.executable, "-m", "oncely", "worker"]
+        env = env_for(self.url, self.extra_jobs)
+        if skew:
+            # libfaketime preloaded into the worker itself (the `faketime` wrapper would be
+            # the process we signal); the time is faked relative to the real one.
+            env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=skew, FAKETIME_DONT_RESET="1")
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=log)
         self.procs.append(proc)
+        if skew:
+            self.skewed.append(proc)
         return proc
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
@@ -111,18 +127,19 @@ def restart_postgres() -> float:
     return time.monotonic() - began
 
 
-def read_rows(url: str) -> tuple[list[tuple[str, str, str]], int]:
+def read_rows(url: str) -> tuple[list[tuple[str, str, str, str]], int]:
+    """Every row the jobs wrote, and the number of claims in the ledger for them."""
     engine = sync_engine(url)
     deadline = time.monotonic() + 60
     while True:
         try:
             with engine.connect() as conn:
                 rows = [
-                    tuple(r)
-                    for r in conn.execute(sa.text("SELECT slot, replica, ran_at FROM ticks"))
+                    (r.job, r.slot, r.replica, r.ran_at)
+                    for r in conn.execute(sa.text("SELECT job, slot, replica, ran_at FROM ticks"))
                 ]
                 claims = conn.execute(
-                    sa.text("SELECT count(*) FROM oncely_runs WHERE job = 'tick'")
+                    sa.text("SELECT count(*) FROM oncely_runs WHERE job LIKE 'tick%'")
                 ).scalar_one()
             engine.dispose()
             return rows, int(claims)
@@ -132,18 +149,21 @@ def read_rows(url: str) -> tuple[list[tuple[str, str, str]], int]:
             time.sleep(0.5)
 
 
-def wait_first_row(url: str, deadline: float) -> datetime:
+def wait_first_rows(url: str, jobs: int, deadline: float) -> datetime:
+    """Wait until every job has run once; the newest of their first slots."""
     engine = sync_engine(url)
     try:
         while time.monotonic() < deadline:
             with engine.connect() as conn:
-                first = conn.execute(sa.text("SELECT min(slot) FROM ticks")).scalar()
-            if first:
-                return datetime.fromisoformat(first)
+                firsts = conn.execute(
+                    sa.text("SELECT job, min(slot) FROM ticks GROUP BY job")
+                ).all()
+            if len(firsts) == jobs:
+                return max(datetime.fromisoformat(f) for _, f in firsts)
             time.sleep(0.05)
     finally:
         engine.dispose()
-    raise SystemExit("no worker ran a slot within the deadline")
+    raise SystemExit("the workers did not run every job within the deadline")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -162,6 +182,7 @@ def check(
     kill_max: float = 5.0,
     restart_pg: bool = False,
     skewed: list[str] | None = None,
+    extra_jobs: int = 0,
     seed: int | None = None,
     logs: Path | None = None,
 ) -> dict[str, object]:
@@ -169,12 +190,13 @@ def check(
     rng = random.Random(seed)
     logs = logs or Path(tempfile.mkdtemp(prefix="oncely-conformance-"))
     prepare(url)
-    fleet = Fleet(url, logs)
+    fleet = Fleet(url, logs, extra_jobs)
     for _ in range(workers):
         fleet.start()
+    first = wait_first_rows(url, 1 + extra_jobs, time.monotonic() + 60)
+    # Skewed workers join once the ledger has claims (see docs/worker.md, clock skew).
     for offset in skewed or []:
-        fleet.start(["faketime", "-f", offset])
-    first = wait_first_row(url, time.monotonic() + 60)
+        fleet.start(skew=offset)
     began = time.monotonic()
     kills = 0
     pg_restart_s = None
@@ -186,7 +208,7 @@ def check(
             pg_restart_s = round(restart_postgres(), 2)
             restart_at = None
         if now >= next_kill and kill_max > 0:
-            normal = [p for p in fleet.alive() if p.args[0] == sys.executable]
+            normal = [p for p in fleet.alive() if p not in fleet.skewed]
             victim = rng.choice(normal)
             victim.send_signal(signal.SIGKILL)
             victim.wait()
@@ -200,32 +222,36 @@ def check(
     codes = fleet.stop()
     rows, claims = read_rows(url)
     window_end = stop_at.replace(microsecond=0) - timedelta(seconds=1)
-    expected = set()
+    expected = []
     slot = first
     while slot <= window_end:
-        expected.add(slot)
+        expected.append(slot)
         slot += timedelta(seconds=1)
-    counts = Counter(datetime.fromisoformat(s) for s, _, _ in rows)
+    counts = Counter((job, datetime.fromisoformat(s)) for job, s, _, _ in rows)
+    jobs = ["tick"] + [f"tick_{n}" for n in range(1, extra_jobs + 1)]
     duplicates = sum(c - 1 for c in counts.values())
-    off_grid = sum(1 for s in counts if s.microsecond or (s - first).total_seconds() % 1)
-    missed = sorted(s for s in expected if s not in counts)
+    off_grid = sum(1 for _, s in counts if s.microsecond)
+    missed = sorted((job, s) for job in jobs for s in expected if (job, s) not in counts)
+    early = sum(1 for _, s in counts if s > stop_at + timedelta(seconds=3))
     latencies = [
         (datetime.fromisoformat(ran) - datetime.fromisoformat(s)).total_seconds() * 1000
-        for s, _, ran in rows
+        for _, s, _, ran in rows
     ]
     return {
         "database": make_url(url).get_backend_name(),
         "duration_s": duration,
         "workers": workers,
+        "jobs": len(jobs),
         "skewed": skewed or [],
-        "expected": len(expected),
+        "expected": len(expected) * len(jobs),
         "rows": len(rows),
         "claims": claims,
         "missed": len(missed),
-        "missed_slots": [s.isoformat() for s in missed[:20]],
+        "missed_slots": [f"{job}@{s.isoformat()}" for job, s in missed[:20]],
         "extra": duplicates + off_grid,
         "duplicates": duplicates,
         "off_grid": off_grid,
+        "early": early,
         "kills": kills,
         "postgres_restart_s": pg_restart_s,
         "processes_started": fleet.started,
@@ -248,6 +274,7 @@ def main() -> None:
     parser.add_argument(
         "--skew", action="append", default=[], help="add a worker under faketime -f SKEW, e.g. +90s"
     )
+    parser.add_argument("--extra-jobs", type=int, default=0, help="more every-second jobs")
     parser.add_argument("--seed", type=int)
     args = parser.parse_args()
     report = check(
@@ -258,6 +285,7 @@ def main() -> None:
         kill_max=args.kill_max,
         restart_pg=args.restart_postgres,
         skewed=args.skew,
+        extra_jobs=args.extra_jobs,
         seed=args.seed,
     )
     print(json.dumps(report, indent=2))

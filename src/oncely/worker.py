@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import clock, events
@@ -41,6 +41,10 @@ OUTAGE_BACKOFF_FIRST = 0.25
 OUTAGE_BACKOFF_MAX = 5.0
 """The longest wait between two tries while the database is unreachable (before jitter)."""
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+CLOCK_CHECK_EVERY = 60.0
+"""Seconds between two readings of the database's clock (slots come due by it)."""
+CLOCK_REPORT_DRIFT = timedelta(milliseconds=500)
+CLOCK_WARN_OFFSET = timedelta(seconds=2)
 
 Clock = Callable[[], datetime]
 
@@ -70,7 +74,9 @@ class JobWorker:
         self.stopping = stopping
         self.jobs = list(jobs if jobs is not None else app.registry)
         self.shutdown_timeout = shutdown_timeout
-        self.now = now
+        self._local_now = now
+        self._offset = timedelta(0)
+        self._offset_read_at: float | None = None
         self.replica = replica or replica_id()
         self.scheduler = Scheduler(self.jobs, now())
         self._wake = asyncio.Event()
@@ -78,11 +84,38 @@ class JobWorker:
         self._outage: _Outage | None = None
         self._rng = random.Random()
 
+    def now(self) -> datetime:
+        """The time slots come due by: this host's clock, corrected to the database's."""
+        return self._local_now() + self._offset
+
+    async def _read_clock(self) -> None:
+        """Measure how far this host's clock is from the database's (Postgres; 0 on SQLite).
+
+        A replica whose clock is ahead would otherwise run slots early, one behind late.
+        """
+        before = self._local_now()
+        started = time.monotonic()
+        db_now = await self.store.database_time()
+        elapsed = time.monotonic() - started
+        offset = db_now - (before + timedelta(seconds=elapsed / 2))
+        self._offset_read_at = time.monotonic()
+        if abs(offset - self._offset) > CLOCK_REPORT_DRIFT:
+            events.emit(
+                "worker.clock_offset",
+                "this host's clock differs from the database's; using the database's",
+                level=logging.WARNING if abs(offset) > CLOCK_WARN_OFFSET else logging.INFO,
+                replica=self.replica,
+                offset_ms=round(offset.total_seconds() * 1000, 1),
+            )
+        self._offset = offset
+
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run until `stopping` is set, then shut down gracefully."""
         await self.store.ensure_schema()
+        await self._read_clock()
+        self.scheduler.started = self.now()
         events.emit(
             "worker.started",
             "worker started",
@@ -98,6 +131,14 @@ class JobWorker:
             await self._shutdown()
 
     async def _tick(self) -> None:
+        if self._offset_read_at is None or (
+            time.monotonic() - self._offset_read_at > CLOCK_CHECK_EVERY
+        ):
+            try:
+                await self._read_clock()
+            except DatabaseUnavailableError as exc:
+                self._unavailable(exc)
+                return
         now = self.now()
         unsynced = self.scheduler.unsynced(now)
         if unsynced:

@@ -163,7 +163,11 @@ def test_catch_up_all_is_bounded() -> None:
     runs = _runs(actions)
     assert len(runs) == MAX_CATCH_UP and runs[-1] == now and runs == sorted(runs)
     [missed] = _missed(actions)
-    assert (missed.count, missed.first, missed.last) == (50, T0 + timedelta(seconds=1), runs[0] - timedelta(seconds=1))
+    assert (missed.count, missed.first, missed.last) == (
+        50,
+        T0 + timedelta(seconds=1),
+        runs[0] - timedelta(seconds=1),
+    )
 
 
 def test_catch_up_none_runs_only_a_slot_that_is_on_time() -> None:
@@ -211,7 +215,7 @@ def test_a_busy_slot_is_retried_until_claimed() -> None:
     retry_at = sched.next_wake()
     assert retry_at is not None and slot < retry_at <= slot + timedelta(milliseconds=75)
     assert sched.due(slot) == []  # not before its time
-    for tries in range(1, 12):  # the holder keeps it: the delay grows, capped at ~1 s
+    for _ in range(11):  # the holder keeps it: the delay grows, capped at ~1 s
         now = sched.next_wake()
         assert now is not None
         [action] = sched.due(now)

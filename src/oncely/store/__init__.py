@@ -291,6 +291,18 @@ class Store:
         rows = await self._read(sql.last_slots())
         return {r.job: r.slot for r in rows if r.slot is not None}
 
+    async def database_time(self) -> datetime:
+        """The database's clock (Postgres `clock_timestamp()`); SQLite has none: this host's."""
+        value = self.dialect.now()
+        if isinstance(value, datetime):
+            return value
+        with self.translate():
+            async with self._reader() as conn:
+                now = (await conn.execute(sa.select(value))).scalar_one()
+                await conn.rollback()
+        assert isinstance(now, datetime)
+        return now
+
     def is_unavailable(self, exc: BaseException) -> bool:
         """Whether an error a job's attempt died of means the database itself is unreachable."""
         if isinstance(exc, DatabaseUnavailableError):

@@ -1,0 +1,169 @@
+"""The worker end to end: real `oncely worker` processes, SIGKILL, SIGTERM, clock skew,
+database outages; on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from tests.conftest import IN_CI, ROOT, run_cli
+
+CONFORMANCE_SECONDS = float(os.environ.get("ONCELY_CONFORMANCE_SECONDS", "35"))
+RESTART_POSTGRES = os.environ.get("ONCELY_TEST_RESTART_POSTGRES", "") == "1"
+HAS_FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1").exists()
+
+
+def wait_until(predicate: Callable[[], object], deadline: float = 30.0, what: str = "") -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not within {deadline}s: {what or predicate}")
+
+
+def conformance(db_url: str, *args: str, timeout: float = 300) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "bench/conformance.py", "--database-url", db_url, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.stdout, proc.stderr
+    report: dict[str, object] = json.loads(proc.stdout)
+    return report
+
+
+@pytest.mark.slow
+def test_nothing_due_is_lost_and_nothing_runs_twice_under_kill9(db_url: str) -> None:
+    """Guarantees 1 and 3: 4 workers, one SIGKILLed every 2-4 s (and Postgres restarted once
+    with ONCELY_TEST_RESTART_POSTGRES=1): every slot of the window has exactly one row."""
+    restart = RESTART_POSTGRES and db_url.startswith("postgres")
+    args = ["--duration", str(CONFORMANCE_SECONDS), "--workers", "4", "--kill-min", "2"]
+    args += ["--kill-max", "4", "--seed", "7"] + (["--restart-postgres"] if restart else [])
+    report = conformance(db_url, *args)
+    assert report["missed"] == 0, report
+    assert report["extra"] == 0, report
+    assert report["claims"] == report["rows"], report  # work and claim committed together
+    assert report["kills"] >= CONFORMANCE_SECONDS // 4, report
+    assert report["exit_codes_on_sigterm"] == [0], report
+    if restart:
+        assert report["postgres_restart_s"] is not None
+
+
+def test_several_due_jobs_on_one_database_converge(db_url: str) -> None:
+    """Five every-second jobs in each of 3 workers (one SQLite write lock): each slot once."""
+    report = conformance(
+        db_url, "--duration", "8", "--workers", "3", "--kill-max", "0", "--extra-jobs", "4"
+    )
+    assert (report["missed"], report["extra"], report["jobs"]) == (0, 0, 5), report
+
+
+@pytest.mark.skipif(not HAS_FAKETIME and not IN_CI, reason="libfaketime is not installed")
+def test_clock_skew_makes_no_duplicate_and_no_extra_slot(db_url: str) -> None:
+    """Workers whose clocks are 90 s ahead and 90 s behind, beside normal ones."""
+    report = conformance(
+        db_url,
+        "--duration",
+        "10",
+        "--workers",
+        "2",
+        "--kill-max",
+        "0",
+        "--skew=+90s",
+        "--skew=-90s",
+    )
+    assert (report["missed"], report["extra"]) == (0, 0), report
+    if db_url.startswith("postgres"):
+        # Slots come due by the database's clock: the fast worker runs nothing early.
+        assert report["early"] == 0, report
+
+
+# -- SIGTERM ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def holder_env(db_url: str, sync_engine: sa.Engine, tmp_path: Path) -> dict[str, str]:
+    env = {
+        "ONCELY_DATABASE_URL": db_url,
+        "ONCELY_APP": "tests.apps.holder:app",
+        "ONCELY_TEST_SIGNALS": str(tmp_path),
+    }
+    assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
+    with sync_engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS held (slot varchar(64) NOT NULL)")
+    return env
+
+
+def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "oncely", "worker", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def held(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM held")).scalar_one())
+
+
+def test_sigterm_lets_the_running_attempt_finish(
+    holder_env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    proc = start_worker(holder_env, log, "--shutdown-timeout", "30")
+    wait_until(lambda: list(tmp_path.glob("started-*")), what="the job to start")
+    proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "worker.stopping" in log.read_text(), what="the signal to be seen")
+    assert proc.poll() is None  # still finishing the attempt
+    (tmp_path / "release").touch()
+    assert proc.wait(timeout=30) == 0
+    text = log.read_text()
+    assert "worker.shutdown: worker stopped" in text and "cancelled=0" in text, text
+    assert held(sync_engine) == 1  # the attempt committed; no new slot was started
+    assert text.count("run.ran:") == 1
+
+
+def test_sigterm_cancels_an_attempt_past_the_shutdown_timeout(
+    holder_env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    proc = start_worker(holder_env, log, "--shutdown-timeout", "0.5")
+    wait_until(lambda: list(tmp_path.glob("started-*")), what="the job to start")
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert time.monotonic() - began < 15
+    text = log.read_text()
+    assert "cancelled=1" in text, text
+    assert held(sync_engine) == 0  # rolled back
+    with sync_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM oncely_runs")).scalar_one() == 0
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_unknown_job_is_a_usage_error(holder_env: dict[str, str]) -> None:
+    proc = run_cli("worker", "--jobs", "hold,nope", cwd=ROOT, env=holder_env)
+    assert proc.returncode == 2
+    assert "unknown job 'nope'" in proc.stderr and "hold" in proc.stderr
+
+
+def test_missing_schema_is_a_usage_error(db_url: str) -> None:
+    env = {"ONCELY_DATABASE_URL": db_url, "ONCELY_APP": "tests.apps.holder:app"}
+    proc = run_cli("worker", cwd=ROOT, env=env)
+    assert proc.returncode == 2
+    assert "run `oncely migrate`" in proc.stderr
