@@ -3,6 +3,7 @@ database outages; on SQLite and Postgres."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -10,24 +11,30 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import IN_CI, ROOT, run_cli
+from sqlalchemy.engine import make_url
+from tests.conftest import IN_CI, ROOT, _reset_postgres, run_cli
+from tests.worker.proxy import Proxy
 
 CONFORMANCE_SECONDS = float(os.environ.get("ONCELY_CONFORMANCE_SECONDS", "35"))
 RESTART_POSTGRES = os.environ.get("ONCELY_TEST_RESTART_POSTGRES", "") == "1"
 HAS_FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1").exists()
 
 
-def wait_until(predicate: Callable[[], object], deadline: float = 30.0, what: str = "") -> None:
+def wait_until(
+    predicate: Callable[[], object], deadline: float = 30.0, what: str = "", log: Path | None = None
+) -> None:
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         if predicate():
             return
         time.sleep(0.02)
-    raise AssertionError(f"not within {deadline}s: {what or predicate}")
+    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"not within {deadline}s: {what or predicate}\n{tail}")
 
 
 def conformance(db_url: str, *args: str, timeout: float = 300) -> dict[str, object]:
@@ -167,3 +174,58 @@ def test_missing_schema_is_a_usage_error(db_url: str) -> None:
     proc = run_cli("worker", cwd=ROOT, env=env)
     assert proc.returncode == 2
     assert "run `oncely migrate`" in proc.stderr
+
+
+# -- the database goes away ------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_a_database_outage_is_retried_and_caught_up(postgres_database: str, tmp_path: Path) -> None:
+    """Every connection dropped and new ones refused for ~3 s: the worker logs, retries with
+    backoff, never dies, and catches up every slot (catch_up="all") once it is back."""
+    _reset_postgres(postgres_database)
+    real = make_url(postgres_database)
+    proxy = Proxy(real.host or "127.0.0.1", real.port or 5432)
+    proxy.restore()
+    url = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    env = {"ONCELY_DATABASE_URL": url, "ONCELY_APP": "tests.apps.ticker:app"}
+    assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
+    engine = sa.create_engine(real.set(drivername="postgresql+psycopg2"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE ticks (job varchar(64), slot varchar(64), replica varchar(255), "
+            "ran_at varchar(64))"
+        )
+
+    def slots() -> list[str]:
+        with engine.connect() as conn:
+            return [r[0] for r in conn.execute(sa.text("SELECT slot FROM ticks ORDER BY slot"))]
+
+    log = tmp_path / "worker.log"
+    proc = start_worker(env, log)
+    try:
+        wait_until(lambda: len(slots()) >= 2, what="two slots before the outage")
+        proxy.cut()
+        wait_until(lambda: "worker.db_unavailable" in log.read_text(), what="the outage", log=log)
+        before = len(slots())
+        cut_at = time.monotonic()
+        wait_until(lambda: time.monotonic() - cut_at > 3)  # the outage lasts ~3 s
+        assert len(slots()) == before  # nothing got through
+        assert proc.poll() is None
+        proxy.restore()
+        wait_until(
+            lambda: "worker.db_reconnected" in log.read_text(), what="the reconnect", log=log
+        )
+        wait_until(lambda: len(slots()) >= before + 5, what="the catch-up", log=log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.cut()
+    got = slots()
+    assert len(got) == len(set(got))
+    times = [datetime.fromisoformat(s) for s in got]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
+    assert gaps == [], log.read_text()
+    engine.dispose()
