@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import clock, events
-from .errors import DatabaseUnavailableError, OncelyError
+from .errors import ConfigError, DatabaseUnavailableError, OncelyError
 from .identity import replica_id
 from .model import RunStatus
 from .registry import Job
@@ -136,7 +136,7 @@ class JobWorker:
         ):
             try:
                 await self._read_clock()
-            except DatabaseUnavailableError as exc:
+            except OncelyError as exc:
                 self._unavailable(exc)
                 return
         now = self.now()
@@ -144,7 +144,7 @@ class JobWorker:
         if unsynced:
             try:
                 last = await self.store.last_slots()
-            except DatabaseUnavailableError as exc:
+            except OncelyError as exc:  # unreachable, or a statement failed: back off, retry
                 self._unavailable(exc)
                 return
             self._available()
@@ -208,27 +208,30 @@ class JobWorker:
 
     async def _attempt_one(self, job: Job, slot: datetime) -> RunStatus | None:
         """One attempt; the outcome, or None if the database failed (retried later)."""
-        key = job.key_for(slot)
         latency_ms = round((self.now() - slot).total_seconds() * 1000, 1)
+        key = ""
         try:
+            key = job.key_for(slot)
             result = await run_slot(
                 self.store, job, slot, key, self.replica, context={"latency_ms": latency_ms}
             )
         except DatabaseUnavailableError as exc:
             self._unavailable(exc)
             return None
-        except OncelyError as exc:
+        except Exception as exc:
+            retry = isinstance(exc, OncelyError) and not isinstance(exc, ConfigError)
             events.emit(
                 "worker.attempt_error",
-                "the attempt hit a database error; it will be retried",
-                level=logging.WARNING,
+                "the attempt failed before the job ran; "
+                + ("it will be retried" if retry else "the slot is given up"),
+                level=logging.WARNING if retry else logging.ERROR,
                 job=job.name,
-                key=key,
+                key=key or None,
                 slot=slot.isoformat(),
                 replica=self.replica,
-                error=str(exc),
+                error=f"{type(exc).__name__}: {exc}",
             )
-            return None
+            return None if retry else RunStatus.FAILED
         error = result.error
         if result.status is RunStatus.FAILED and error and self.store.is_unavailable(error):
             self._unavailable(error)
