@@ -118,3 +118,32 @@ async def test_work_stops_on_its_event_and_only_runs_the_chosen_jobs(
     await app.aclose()
     assert named(seen, "run.ran", "other") == []
     assert named(seen, "worker.shutdown")
+
+
+async def test_overlap_skip_never_runs_two_slots_of_a_job_at_once(db_url: str, seen: Seen) -> None:
+    app = Oncely(db_url)
+    running: list[Any] = []
+    most = 0
+
+    @app.job(every(seconds=1))
+    async def slow(db, now):  # type: ignore[no-untyped-def]
+        nonlocal most
+        running.append(now)
+        most = max(most, len(running))
+        await asyncio.sleep(1.6)  # always still running when the next slot comes due
+        running.remove(now)
+
+    await app.migrate()
+    async with app.worker():
+        await eventually(
+            lambda: (
+                len(named(seen, "run.ran", "slow")) >= 2
+                and len(named(seen, "run.overlap_skipped", "slow")) >= 2
+            )
+        )
+    await app.aclose()
+    assert most == 1
+    skipped = named(seen, "run.overlap_skipped", "slow")[0]
+    assert set(skipped) >= {"job", "key", "slot", "running", "replica"}
+    ran_slots = {f["slot"] for f in named(seen, "run.ran", "slow")}
+    assert not ran_slots & {f["slot"] for f in named(seen, "run.overlap_skipped")}
