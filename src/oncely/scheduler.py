@@ -107,6 +107,8 @@ class JobState:
     """Slots with an attempt in flight in this worker (slot -> how many)."""
     pending: dict[datetime, _Pending] = field(default_factory=dict)
     """Slots found busy (or unreachable), with when to try them again."""
+    retrying: dict[datetime, int] = field(default_factory=dict)
+    """Slots being retried right now, with how many times they were found busy."""
     synced: bool = False
     """Whether the ledger was read since the last time more than one slot came due."""
 
@@ -185,7 +187,9 @@ class Scheduler:
             if pending.retry_at > now:
                 continue
             del state.pending[slot]
+            state.retrying[slot] = pending.tries
             if limit is not None and now - slot > limit:
+                del state.retrying[slot]
                 actions.append(Missed(state.job, 1, slot, slot, "busy"))
                 continue
             state.running[slot] = state.running.get(slot, 0) + 1
@@ -226,8 +230,8 @@ class Scheduler:
             state.running[slot] = count
         else:
             state.running.pop(slot, None)
+        tries = state.retrying.pop(slot, 0) + 1
         if status is RunStatus.BUSY or status is None:
-            tries = state.pending[slot].tries + 1 if slot in state.pending else 1
             delay = min(BUSY_RETRY_MAX, BUSY_RETRY_FIRST * 2 ** (tries - 1))
             delay *= self._rng.uniform(0.5, 1.5)
             state.pending[slot] = _Pending(now + timedelta(seconds=delay), tries)
@@ -237,6 +241,7 @@ class Scheduler:
         state = self.states[job.name]
         for slot in slots:
             state.running.pop(slot, None)
+            state.retrying.pop(slot, None)
 
     def next_wake(self) -> datetime | None:
         """The earliest time anything can come due: a job's next slot or a retry."""
