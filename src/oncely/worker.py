@@ -139,6 +139,7 @@ class JobWorker:
             except OncelyError as exc:
                 self._unavailable(exc)
                 return
+            self._available()
         now = self.now()
         unsynced = self.scheduler.unsynced(now)
         if unsynced:
