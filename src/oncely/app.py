@@ -135,12 +135,15 @@ class Oncely:
         shutdown_timeout: float = 30.0,
         stopping: asyncio.Event | None = None,
         handle_signals: bool = False,
+        startup_wait: float = 60.0,
     ) -> None:
         """Run the scheduled jobs (all, or `jobs`) in this process until `stopping` is set.
 
         Safe in every replica: the slot claim decides who runs each slot. On stop, running
         attempts get `shutdown_timeout` seconds to finish, then are cancelled (rolled back).
-        With `handle_signals`, SIGTERM and SIGINT set `stopping` (the CLI does this).
+        With `handle_signals`, SIGTERM and SIGINT set `stopping` (the CLI does this). A
+        database that is unreachable at start is waited for up to `startup_wait` seconds
+        (DatabaseUnavailableError after that); once running, outages are retried forever.
         """
         from . import worker
 
@@ -150,6 +153,7 @@ class Oncely:
             stopping or asyncio.Event(),
             jobs=selected,
             shutdown_timeout=shutdown_timeout,
+            startup_wait=startup_wait,
             handle_signals=handle_signals,
         )
 

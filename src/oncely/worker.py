@@ -41,6 +41,8 @@ OUTAGE_BACKOFF_FIRST = 0.25
 OUTAGE_BACKOFF_MAX = 5.0
 """The longest wait between two tries while the database is unreachable (before jitter)."""
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_STARTUP_WAIT = 60.0
+"""Seconds a starting worker waits for an unreachable database before giving up (exit 2)."""
 CLOCK_CHECK_EVERY = 60.0
 """Seconds between two readings of the database's clock (slots come due by it)."""
 CLOCK_REPORT_DRIFT = timedelta(milliseconds=500)
@@ -66,6 +68,7 @@ class JobWorker:
         *,
         jobs: Iterable[Job] | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        startup_wait: float = DEFAULT_STARTUP_WAIT,
         now: Clock = clock.utcnow,
         replica: str | None = None,
     ) -> None:
@@ -74,6 +77,7 @@ class JobWorker:
         self.stopping = stopping
         self.jobs = list(jobs if jobs is not None else app.registry)
         self.shutdown_timeout = shutdown_timeout
+        self.startup_wait = startup_wait
         self._local_now = now
         self._offset = timedelta(0)
         self._offset_read_at: float | None = None
@@ -113,8 +117,8 @@ class JobWorker:
 
     async def run(self) -> None:
         """Run until `stopping` is set, then shut down gracefully."""
-        await self.store.ensure_schema()
-        await self._read_clock()
+        if not await self._connect():
+            return
         self.scheduler.started = self.now()
         events.emit(
             "worker.started",
@@ -129,6 +133,38 @@ class JobWorker:
                 await self._sleep()
         finally:
             await self._shutdown()
+
+    async def _connect(self) -> bool:
+        """Check the schema and read the database's clock, waiting up to `startup_wait` for an
+        unreachable database (it may be restarting); False if stopped meanwhile."""
+        deadline = time.monotonic() + self.startup_wait
+        while True:
+            try:
+                await self.store.ensure_schema()
+                await self._read_clock()
+            except DatabaseUnavailableError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                self._unavailable(exc)
+                if await self._wait_stop(self._backoff()):
+                    return False
+                continue
+            self._available()
+            return True
+
+    def _backoff(self) -> float:
+        """The next wait while the database is unreachable: capped, doubling, jittered."""
+        tries = self._outage.tries if self._outage is not None else 0
+        if self._outage is not None:
+            self._outage.tries += 1
+        backoff = min(OUTAGE_BACKOFF_MAX, OUTAGE_BACKOFF_FIRST * 2.0**tries)
+        return backoff * self._rng.uniform(0.5, 1.5)
+
+    async def _wait_stop(self, seconds: float) -> bool:
+        """Wait up to `seconds` for the stop event; whether it is set."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        return self.stopping.is_set()
 
     async def _tick(self) -> None:
         if self._offset_read_at is None or (
@@ -166,9 +202,7 @@ class JobWorker:
         if wake is not None:
             delay = min(delay, max(0.0, (wake - self.now()).total_seconds()))
         if self._outage is not None:
-            backoff = min(OUTAGE_BACKOFF_MAX, OUTAGE_BACKOFF_FIRST * 2**self._outage.tries)
-            delay = max(delay, backoff * self._rng.uniform(0.5, 1.5))
-            self._outage.tries += 1
+            delay = max(delay, self._backoff())
         if delay <= 0:
             await asyncio.sleep(0)  # let finished attempts report before the next tick
             return
@@ -325,6 +359,7 @@ def components(
     *,
     jobs: Iterable[Job] | None = None,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    startup_wait: float = DEFAULT_STARTUP_WAIT,
 ) -> list[Coroutine[Any, Any, None]]:
     """The long-running parts of a worker, all stopped by the same event.
 
@@ -334,7 +369,13 @@ def components(
     parts: list[Coroutine[Any, Any, None]] = []
     selected = list(jobs) if jobs is not None else list(app.registry)
     if selected:
-        loop = JobWorker(app, stopping, jobs=selected, shutdown_timeout=shutdown_timeout)
+        loop = JobWorker(
+            app,
+            stopping,
+            jobs=selected,
+            shutdown_timeout=shutdown_timeout,
+            startup_wait=startup_wait,
+        )
         parts.append(loop.run())
     return parts
 
@@ -345,6 +386,7 @@ async def serve(
     *,
     jobs: Iterable[Job] | None = None,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    startup_wait: float = DEFAULT_STARTUP_WAIT,
     handle_signals: bool = False,
 ) -> None:
     """Run every component until `stopping` is set (or SIGTERM/SIGINT, with handle_signals)."""
@@ -355,7 +397,9 @@ async def serve(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, _on_signal, stopping, sig)
                 installed.append(sig)
-    parts = components(app, stopping, jobs=jobs, shutdown_timeout=shutdown_timeout)
+    parts = components(
+        app, stopping, jobs=jobs, shutdown_timeout=shutdown_timeout, startup_wait=startup_wait
+    )
     tasks = [asyncio.create_task(part) for part in parts]
     try:
         await _until_all_done_or_one_fails(tasks, stopping)

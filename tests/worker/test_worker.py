@@ -70,7 +70,7 @@ def test_nothing_due_is_lost_and_nothing_runs_twice_under_kill9(db_url: str) -> 
 def test_several_due_jobs_on_one_database_converge(db_url: str) -> None:
     """Five every-second jobs in each of 3 workers (one SQLite write lock): each slot once."""
     report = conformance(
-        db_url, "--duration", "8", "--workers", "3", "--kill-max", "0", "--extra-jobs", "4"
+        db_url, "--duration", "5", "--workers", "3", "--kill-max", "0", "--extra-jobs", "4"
     )
     assert (report["missed"], report["extra"], report["jobs"]) == (0, 0, 5), report
 
@@ -81,7 +81,7 @@ def test_clock_skew_makes_no_duplicate_and_no_extra_slot(db_url: str) -> None:
     report = conformance(
         db_url,
         "--duration",
-        "10",
+        "8",
         "--workers",
         "2",
         "--kill-max",
@@ -229,3 +229,51 @@ def test_a_database_outage_is_retried_and_caught_up(postgres_database: str, tmp_
     gaps = [b - a for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
     assert gaps == [], log.read_text()
     engine.dispose()
+
+
+def test_an_unreachable_database_at_start_is_waited_for_then_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    """Nothing listens on the port: after --startup-wait the worker exits 2, password masked."""
+    proxy = Proxy("127.0.0.1", 9)  # never restored: connections are refused
+    url = f"postgresql://oncely:s3cret@127.0.0.1:{proxy.port}/nowhere"
+    env = {"ONCELY_DATABASE_URL": url, "ONCELY_APP": "tests.apps.holder:app"}
+    began = time.monotonic()
+    proc = run_cli("worker", "--startup-wait", "1.5", cwd=ROOT, env=env)
+    assert proc.returncode == 2
+    assert time.monotonic() - began >= 1.5
+    assert "cannot reach the database" in proc.stderr and "worker.db_unavailable" in proc.stderr
+    assert "s3cret" not in proc.stderr + proc.stdout and "***" in proc.stderr
+
+
+@pytest.mark.postgres
+def test_a_database_that_comes_up_after_the_worker_is_waited_for(
+    postgres_database: str, tmp_path: Path
+) -> None:
+    _reset_postgres(postgres_database)
+    real = make_url(postgres_database)
+    proxy = Proxy(real.host or "127.0.0.1", real.port or 5432)
+    proxy.restore()
+    url = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    env = {"ONCELY_DATABASE_URL": url, "ONCELY_APP": "tests.apps.ticker:app"}
+    assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
+    engine = sa.create_engine(real.set(drivername="postgresql+psycopg2"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE ticks (job varchar(64), slot varchar(64), replica varchar(255), "
+            "ran_at varchar(64))"
+        )
+    proxy.cut()
+    log = tmp_path / "worker.log"
+    proc = start_worker(env, log)
+    try:
+        wait_until(lambda: "worker.db_unavailable" in log.read_text(), what="the wait", log=log)
+        proxy.restore()
+        wait_until(lambda: "run.ran:" in log.read_text(), what="a run", log=log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.cut()
+        engine.dispose()

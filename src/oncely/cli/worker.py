@@ -25,9 +25,17 @@ def _job_list(value: str | None) -> list[str] | None:
     metavar="SECONDS",
     help="On SIGTERM/SIGINT, how long running attempts may finish before they are cancelled.",
 )
+@click.option(
+    "--startup-wait",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="How long to wait at start for an unreachable database before exiting with 2.",
+)
 @click.pass_obj
 @handled
-def worker(obj: Context, jobs: str | None, shutdown_timeout: float) -> None:
+def worker(obj: Context, jobs: str | None, shutdown_timeout: float, startup_wait: float) -> None:
     """Run the due slots of the app's jobs until SIGTERM/SIGINT (then exit 0)."""
     names = _job_list(jobs)
     if names is not None:
@@ -37,7 +45,12 @@ def worker(obj: Context, jobs: str | None, shutdown_timeout: float) -> None:
 
     async def go() -> None:
         try:
-            await app.work(jobs=names, shutdown_timeout=shutdown_timeout, handle_signals=True)
+            await app.work(
+                jobs=names,
+                shutdown_timeout=shutdown_timeout,
+                startup_wait=startup_wait,
+                handle_signals=True,
+            )
         finally:
             await app.aclose()
 
