@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from . import events
+from . import clock, events
 from .errors import JobTransactionError
 from .model import RunResult, RunStatus
 from .registry import Job
@@ -63,6 +63,8 @@ async def run_slot(
         "key": key,
         "slot": slot.isoformat(),
         "replica": replica,
+        # Fire latency: how late this attempt started, against the slot's nominal time.
+        "latency_ms": round((clock.utcnow() - slot).total_seconds() * 1000, 1),
         **(context or {}),
     }
     async with store.attempt() as session:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -272,3 +273,29 @@ def test_a_database_that_comes_up_after_the_worker_is_waited_for(
             proc.kill()
         proxy.cut()
         engine.dispose()
+
+
+def test_the_worker_serves_metrics_built_from_its_events(
+    tmp_path: Path, sync_engine: sa.Engine, db_url: str
+) -> None:
+    env = {"ONCELY_DATABASE_URL": db_url, "ONCELY_APP": "tests.apps.ticker:app"}
+    assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
+    with sync_engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE ticks (job varchar(64), slot varchar(64), replica varchar(255), "
+            "ran_at varchar(64))"
+        )
+    port = Proxy("127.0.0.1", 9).port  # a free port
+    log = tmp_path / "worker.log"
+    proc = start_worker(env, log, "--metrics-port", str(port))
+    try:
+        wait_until(lambda: "run.ran:" in log.read_text(), what="a run", log=log)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            text = page.read().decode()
+        assert 'oncely_runs_total{job="tick",status="ran"}' in text
+        assert 'oncely_fire_latency_seconds_count{job="tick"}' in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
+from .. import logs
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
 from ..model import RunStatus
@@ -121,15 +122,24 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     type=click.Choice(["debug", "info", "warning", "error"]),
     help="Level of the log events printed on stderr.",
 )
+@click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text, or as one JSON object per line (event + fields).",
+)
 @click.version_option(package_name="oncely")
 @click.pass_context
-def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_level: str) -> None:
+def cli(
+    ctx: click.Context,
+    app_spec: str | None,
+    database_url: str | None,
+    log_level: str,
+    log_format: str,
+) -> None:
     """oncely: scheduled and background jobs whose effects happen once."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.configure(log_level, log_format)
     ctx.obj = Context(app_spec, database_url)
 
 
@@ -146,7 +156,10 @@ def run(obj: Context, job: str, now: str | None) -> None:
     if result.status is RunStatus.FAILED:
         err = result.error
         if err is not None:
-            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+            if logs.is_json():
+                logs.traceback_line(err)  # one JSON object, like every other line
+            else:
+                traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
         click.echo(render.run_line(result), err=True)
         sys.exit(EXIT_JOB_FAILED)
     click.echo(render.run_line(result))
@@ -235,13 +248,6 @@ def release(obj: Context, job: str, key: str) -> None:
             "(see `oncely history` for the keys)"
         )
         return
-    logging.getLogger("oncely").warning(
-        "run.released: claim deleted by hand job=%s key=%s claimed_by=%s",
-        job,
-        key,
-        claim.claimed_by,
-        extra={"event": "run.released", "fields": {"job": job, "key": key}},
-    )
     click.echo(
         f"released {job} key {key} (was claimed by {claim.claimed_by} "
         f"at {render.iso(claim.claimed_at)})"
@@ -265,6 +271,10 @@ def migrate(obj: Context) -> None:
 from .worker import worker as _worker  # noqa: E402
 
 cli.add_command(_worker)
+
+from .demo import demo  # noqa: E402
+
+cli.add_command(demo)
 
 
 def main() -> None:

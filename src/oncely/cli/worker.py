@@ -7,6 +7,7 @@ import asyncio
 import click
 
 from . import Context, handled
+from .metrics import metrics_options, start_metrics
 
 
 def _job_list(value: str | None) -> list[str] | None:
@@ -33,15 +34,24 @@ def _job_list(value: str | None) -> list[str] | None:
     metavar="SECONDS",
     help="How long to wait at start for an unreachable database before exiting with 2.",
 )
+@metrics_options
 @click.pass_obj
 @handled
-def worker(obj: Context, jobs: str | None, shutdown_timeout: float, startup_wait: float) -> None:
+def worker(
+    obj: Context,
+    jobs: str | None,
+    shutdown_timeout: float,
+    startup_wait: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run the due slots of the app's jobs until SIGTERM/SIGINT (then exit 0)."""
     names = _job_list(jobs)
     if names is not None:
         for name in names:
             obj.app.registry.job(name)  # unknown job: exit 2 before touching the database
     app = obj.app
+    start_metrics(metrics_port, metrics_host)
 
     async def go() -> None:
         try:

@@ -89,13 +89,16 @@ def mask_url(url: str) -> str:
         return url
 
 
+# Dialects hold no per-engine state; sharing one per database shares its prebuilt statements.
+_DIALECTS: dict[str, Dialect] = {"postgresql": PostgresDialect(), "sqlite": SQLiteDialect()}
+
+
 def dialect_for(name: str) -> Dialect:
     """The Dialect for a SQLAlchemy dialect name."""
-    if name == "postgresql":
-        return PostgresDialect()
-    if name == "sqlite":
-        return SQLiteDialect()
-    raise BadInputError(f"oncely supports Postgres and SQLite, not {name!r}")
+    dialect = _DIALECTS.get(name)
+    if dialect is None:
+        raise BadInputError(f"oncely supports Postgres and SQLite, not {name!r}")
+    return dialect
 
 
 def _claim(row: Any) -> Claim:
@@ -261,7 +264,10 @@ class Store:
     async def finish(self, session: AsyncSession, job: str, key: str) -> None:
         """Stamp the run's end on its claim and commit work and claim together."""
         with self.translate():
-            await session.execute(sql.finish(job, key, self.dialect.now()))
+            await session.execute(
+                self.dialect.finish_statement,
+                {"claim_job": job, "claim_key": key, **self.dialect.now_params()},
+            )
             hand_back(session.sync_session)
             await session.commit()
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from ..errors import DatabaseError, SchemaMissingError
 from ..identity import replica_id
-from . import dialect_for, sql
+from . import dialect_for
 from .dialect import Dialect
 
 
@@ -21,6 +23,16 @@ def _raise_translated(dialect: Dialect, exc: DBAPIError) -> None:
     raise DatabaseError(f"claiming failed: {exc.orig or exc}") from exc
 
 
+def _params(dialect: Dialect, job: str, key: str) -> dict[str, Any]:
+    return {
+        "job": job,
+        "key": key,
+        "scheduled_for": None,
+        "claimed_by": replica_id(),
+        **dialect.now_params(),
+    }
+
+
 async def claim_run(session: AsyncSession, job: str, key: str) -> bool:
     """Claim (job, key) in the caller's open transaction; True if the claim is ours.
 
@@ -30,9 +42,8 @@ async def claim_run(session: AsyncSession, job: str, key: str) -> bool:
     """
     conn = await session.connection()
     dialect = dialect_for(conn.dialect.name)
-    stmt = sql.claim(dialect.insert(), job, key, None, replica_id(), dialect.now())
     try:
-        row = (await session.execute(stmt)).first()
+        row = (await session.execute(dialect.claim_statement, _params(dialect, job, key))).first()
     except DBAPIError as exc:
         _raise_translated(dialect, exc)
     return row is not None
@@ -41,9 +52,8 @@ async def claim_run(session: AsyncSession, job: str, key: str) -> bool:
 def claim_run_sync(session: Session, job: str, key: str) -> bool:
     """The same claim as `claim_run`, for a synchronous Session (Django, Flask, scripts)."""
     dialect = dialect_for(session.connection().dialect.name)
-    stmt = sql.claim(dialect.insert(), job, key, None, replica_id(), dialect.now())
     try:
-        row = session.execute(stmt).first()
+        row = session.execute(dialect.claim_statement, _params(dialect, job, key)).first()
     except DBAPIError as exc:
         _raise_translated(dialect, exc)
     return row is not None

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.sql.dml import Insert
+
+from . import sql
 
 
 class ClaimOutcome(enum.Enum):
@@ -40,6 +45,24 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def now(self) -> Any:
         """A SQL expression (or value) for the current instant in database time."""
+
+    def now_sql(self) -> Any:
+        """Database time inside a prebuilt statement: an SQL expression, or sql.NOW."""
+        return self.now()
+
+    def now_params(self) -> dict[str, Any]:
+        """The parameters that `now_sql()` needs at execution time (a value for sql.NOW)."""
+        return {}
+
+    @functools.cached_property
+    def claim_statement(self) -> Insert:
+        """sql.claim_bound for this database, built once."""
+        return sql.claim_bound(self.insert(), self.now_sql())
+
+    @functools.cached_property
+    def finish_statement(self) -> sa.Update:
+        """sql.finish_bound for this database, built once."""
+        return sql.finish_bound(self.now_sql())
 
     @abc.abstractmethod
     async def lock_and_claim(

@@ -13,7 +13,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.dml import Insert
 
-from .tables import runs, schema_versions
+from .tables import UTCDateTime, runs, schema_versions
+
+NOW = sa.bindparam("now", type_=UTCDateTime())
+"""Database time as a bound value, for a database with no clock of its own (SQLite)."""
 
 
 def claim(
@@ -34,6 +37,40 @@ def claim(
 def finish(job: str, key: str, now: Any) -> sa.Update:
     """Stamp the end of a run on its claim, just before the commit."""
     return sa.update(runs).where(runs.c.job == job, runs.c.key == key).values(finished_at=now)
+
+
+# The hot path uses claim_bound / finish_bound instead, built once per database
+# (Dialect.claim_statement, Dialect.finish_statement) and executed with parameters: building a
+# Core statement and its cache key costs 100-170 µs of CPU, more than the rest of a claim.
+
+
+def claim_bound(insert: Any, now: Any) -> Insert:
+    """`claim` with bound parameters :job, :key, :scheduled_for, :claimed_by (and :now if NOW)."""
+    stmt: Insert = (
+        insert(runs)
+        .values(
+            job=sa.bindparam("job", type_=runs.c.job.type),
+            key=sa.bindparam("key", type_=runs.c.key.type),
+            scheduled_for=sa.bindparam("scheduled_for", type_=runs.c.scheduled_for.type),
+            claimed_at=now,
+            claimed_by=sa.bindparam("claimed_by", type_=runs.c.claimed_by.type),
+        )
+        .on_conflict_do_nothing()
+        .returning(sa.literal(1))
+    )
+    return stmt
+
+
+def finish_bound(now: Any) -> sa.Update:
+    """`finish` with bound parameters :claim_job, :claim_key (and :now if NOW).
+
+    SQLAlchemy reserves the column names (:job, :key) for an UPDATE's SET clause.
+    """
+    return (
+        sa.update(runs)
+        .where(runs.c.job == sa.bindparam("claim_job"), runs.c.key == sa.bindparam("claim_key"))
+        .values(finished_at=now)
+    )
 
 
 def get_claim(job: str, key: str) -> sa.Select[Any]:

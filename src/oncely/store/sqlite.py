@@ -45,12 +45,27 @@ def _on_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+def _on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+    # The engine has pool_reset_on_return=None: by default SQLAlchemy rolls back every
+    # connection handed back to the pool, even after a commit, and on aiosqlite that rollback
+    # is one more thread hop per attempt (~8% of app.run). Roll back only what is still open.
+    if state.terminate_only or not state.asyncio_safe or state.transaction_was_reset:
+        return
+    driver = getattr(record, "driver_connection", None)
+    if driver is None or getattr(driver, "in_transaction", True):
+        dbapi_connection.rollback()
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_reset_on_return": None}  # see _on_reset
 
     def configure_engine(self, engine: AsyncEngine) -> None:
         event.listen(engine.sync_engine, "connect", _on_connect)
         event.listen(engine.sync_engine, "begin", _on_begin)
+        event.listen(engine.sync_engine.pool, "reset", _on_reset)
 
     def insert(self) -> Any:
         return sqlite.insert
@@ -58,6 +73,12 @@ class SQLiteDialect(Dialect):
     def now(self) -> Any:
         # SQLite has no server clock of its own: "database time" is this machine's.
         return clock.utcnow()
+
+    def now_sql(self) -> Any:
+        return sql.NOW
+
+    def now_params(self) -> dict[str, Any]:
+        return {"now": clock.utcnow()}
 
     async def lock_and_claim(
         self,
@@ -72,11 +93,14 @@ class SQLiteDialect(Dialect):
             # The first use of the session opens its transaction: BEGIN IMMEDIATE, waiting
             # at most busy_ms for the write lock (see _on_begin).
             await session.connection(execution_options={BUSY_MS_OPTION: busy_ms})
-            row = (
-                await session.execute(
-                    sql.claim(self.insert(), job, key, scheduled_for, claimed_by, self.now())
-                )
-            ).first()
+            params = {
+                "job": job,
+                "key": key,
+                "scheduled_for": scheduled_for,
+                "claimed_by": claimed_by,
+                **self.now_params(),
+            }
+            row = (await session.execute(self.claim_statement, params)).first()
         except sa.exc.OperationalError as exc:
             if self.is_busy(exc):
                 return ClaimOutcome.BUSY

@@ -1,0 +1,54 @@
+"""What one `app.run` sends to Postgres: a count, not a time, so it can guard the cost.
+
+A steady-state attempt is four messages on the wire, each one round trip: BEGIN, the
+lock-and-claim CTE, the finish UPDATE, COMMIT. A per-checkout ping (pool_pre_ping) made it
+seven; a statement added to the attempt shows up here before it shows up in a benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio.selector_events
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from oncely import Oncely, RunStatus, every
+
+SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.postgres
+async def test_app_run_is_four_round_trips(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import _reset_postgres
+
+    _reset_postgres(postgres_database)
+    app = Oncely(postgres_database)
+
+    @app.job(every(seconds=1), name="noop")
+    async def noop(db, now) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    sent: list[bytes] = []
+    transport = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+    write = transport.write
+
+    def counting_write(self: Any, data: Any) -> None:
+        sent.append(bytes(data[:1]))
+        write(self, data)
+
+    try:
+        await app.migrate()
+        await app.run("noop", now=SLOT)  # prepares the statements once
+        monkeypatch.setattr(transport, "write", counting_write)
+        for second in range(1, 4):
+            sent.clear()
+            result = await app.run("noop", now=SLOT + timedelta(seconds=second))
+            assert result.status is RunStatus.RAN
+            # Q = simple query (BEGIN, COMMIT), B = bind+execute of a prepared statement
+            assert sent == [b"Q", b"B", b"B", b"Q"]
+    finally:
+        monkeypatch.undo()
+        await app.aclose()
