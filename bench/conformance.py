@@ -191,35 +191,42 @@ def check(
     logs = logs or Path(tempfile.mkdtemp(prefix="oncely-conformance-"))
     prepare(url)
     fleet = Fleet(url, logs, extra_jobs)
-    for _ in range(workers):
-        fleet.start()
-    first = wait_first_rows(url, 1 + extra_jobs, time.monotonic() + 60)
-    # Skewed workers join once the ledger has claims (see docs/worker.md, clock skew).
-    for offset in skewed or []:
-        fleet.start(skew=offset)
-    began = time.monotonic()
-    kills = 0
-    pg_restart_s = None
-    restart_at = began + duration / 2 if restart_pg else None
-    next_kill = began + rng.uniform(kill_min, kill_max)
-    while time.monotonic() - began < duration:
-        now = time.monotonic()
-        if restart_at is not None and now >= restart_at:
-            pg_restart_s = round(restart_postgres(), 2)
-            restart_at = None
-        if now >= next_kill and kill_max > 0:
-            normal = [p for p in fleet.alive() if p not in fleet.skewed]
-            victim = rng.choice(normal)
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            kills += 1
+    codes: list[int | None] = []
+    try:
+        for _ in range(workers):
             fleet.start()
-            next_kill = now + rng.uniform(kill_min, kill_max)
-        time.sleep(0.05)
-    stop_at = datetime.now(timezone.utc)
-    # Let the slots due before the stop finish (a catch-up after a restart included).
-    time.sleep(2.0)
-    codes = fleet.stop()
+        first = wait_first_rows(url, 1 + extra_jobs, time.monotonic() + 60)
+        # Skewed workers join once the ledger has claims (see docs/worker.md, clock skew).
+        for offset in skewed or []:
+            fleet.start(skew=offset)
+        began = time.monotonic()
+        kills = 0
+        pg_restart_s = None
+        restart_at = began + duration / 2 if restart_pg else None
+        next_kill = began + rng.uniform(kill_min, kill_max)
+        while time.monotonic() - began < duration:
+            now = time.monotonic()
+            if restart_at is not None and now >= restart_at:
+                pg_restart_s = round(restart_postgres(), 2)
+                restart_at = None
+            if now >= next_kill and kill_max > 0:
+                normal = [p for p in fleet.alive() if p not in fleet.skewed]
+                victim = rng.choice(normal)
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                kills += 1
+                fleet.start()
+                next_kill = now + rng.uniform(kill_min, kill_max)
+            time.sleep(0.05)
+        stop_at = datetime.now(timezone.utc)
+        # Let the slots due before the stop finish (a catch-up after a restart included).
+        time.sleep(2.0)
+        codes = fleet.stop()
+    finally:
+        if not codes:  # the run broke off: leave no worker behind
+            for proc in fleet.alive():
+                proc.kill()
+
     rows, claims = read_rows(url)
     window_end = stop_at.replace(microsecond=0) - timedelta(seconds=1)
     expected = []
