@@ -33,7 +33,10 @@ def _sync_url(url: str) -> str:
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
     """A private Postgres database for this pytest process, as a plain postgresql:// URL."""
-    admin = sa.create_engine(_sync_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    # pool_pre_ping: the worker conformance test may restart the server mid-session.
+    admin = sa.create_engine(
+        _sync_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT", pool_pre_ping=True
+    )
     name = f"oncely_test_{os.getpid()}"
     try:
         with admin.connect() as conn:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -58,17 +60,28 @@ class Oncely:
         return self._store
 
     def job(
-        self, schedule: Schedule, *, name: str | None = None, key: KeyFunc | None = None
+        self,
+        schedule: Schedule,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+        catch_up: str = "latest",
+        grace: timedelta | None = None,
+        overlap: str = "skip",
     ) -> Callable[[F], F]:
         """Register `f(db, now)` to run once per slot of `schedule`.
 
         `db` is an AsyncSession (a Session for a plain `def`) in an open transaction that
         also holds the slot's claim; `now` is the slot's nominal time in the schedule's zone.
         The job never commits: returning commits, raising rolls back and frees the slot.
+        `catch_up`, `grace` and `overlap` tell the worker what to do with missed and
+        overlapping slots (see docs/worker.md).
         """
 
         def register(func: F) -> F:
-            self.registry.add_job(schedule, func, name=name, key=key)
+            self.registry.add_job(
+                schedule, func, name=name, key=key, catch_up=catch_up, grace=grace, overlap=overlap
+            )
             return func
 
         return register
@@ -113,6 +126,55 @@ class Oncely:
         if result.status is RunStatus.FAILED and result.error is not None:
             raise result.error
         return result
+
+    # -- the worker ---------------------------------------------------------------------
+
+    async def work(
+        self,
+        *,
+        jobs: Sequence[str] | None = None,
+        shutdown_timeout: float = 30.0,
+        stopping: asyncio.Event | None = None,
+        handle_signals: bool = False,
+        startup_wait: float = 60.0,
+    ) -> None:
+        """Run the scheduled jobs (all, or `jobs`) in this process until `stopping` is set.
+
+        Safe in every replica: the slot claim decides who runs each slot. On stop, running
+        attempts get `shutdown_timeout` seconds to finish, then are cancelled (rolled back).
+        With `handle_signals`, SIGTERM and SIGINT set `stopping` (the CLI does this). A
+        database that is unreachable at start is waited for up to `startup_wait` seconds
+        (DatabaseUnavailableError after that); once running, outages are retried forever.
+        """
+        from . import worker
+
+        selected = [self.registry.job(name) for name in jobs] if jobs is not None else None
+        await worker.serve(
+            self,
+            stopping or asyncio.Event(),
+            jobs=selected,
+            shutdown_timeout=shutdown_timeout,
+            startup_wait=startup_wait,
+            handle_signals=handle_signals,
+        )
+
+    @contextlib.asynccontextmanager
+    async def worker(
+        self, *, jobs: Sequence[str] | None = None, shutdown_timeout: float = 30.0
+    ) -> AsyncIterator[asyncio.Task[None]]:
+        """Run the worker in the background for the block's duration (e.g. a FastAPI lifespan).
+
+        Leaving the block stops it gracefully; an error that stopped it early is raised then.
+        """
+        stopping = asyncio.Event()
+        task = asyncio.create_task(
+            self.work(jobs=jobs, shutdown_timeout=shutdown_timeout, stopping=stopping)
+        )
+        try:
+            yield task
+        finally:
+            stopping.set()
+            await task
 
     # -- the ledger ---------------------------------------------------------------------
 

@@ -6,14 +6,19 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from .errors import ConfigError, UnknownJobError
 from .schedule import Schedule, default_key
 
 JobFunc = Callable[[Any, datetime], Awaitable[None] | None]
 KeyFunc = Callable[[datetime], str]
+CatchUp = Literal["latest", "all", "none"]
+Overlap = Literal["skip", "allow"]
+
+CATCH_UP_CHOICES = ("latest", "all", "none")
+OVERLAP_CHOICES = ("skip", "allow")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 
@@ -26,6 +31,12 @@ class Job:
     schedule: Schedule
     func: JobFunc
     key_func: KeyFunc | None = None
+    catch_up: CatchUp = "latest"
+    """Which missed slots the worker runs: the latest, all (oldest first, bounded), or none."""
+    grace: timedelta | None = None
+    """Slots later than this are not run by the worker but reported missed; None: no limit."""
+    overlap: Overlap = "skip"
+    """Whether a slot may start while the job's previous slot is still running."""
 
     @property
     def is_async(self) -> bool:
@@ -56,6 +67,21 @@ def _check_signature(name: str, func: Callable[..., Any]) -> None:
         ) from exc
 
 
+def _check_policy(name: str, catch_up: object, grace: object, overlap: object) -> None:
+    if catch_up not in CATCH_UP_CHOICES:
+        raise ConfigError(
+            f"job {name!r}: catch_up must be one of {', '.join(CATCH_UP_CHOICES)}, got {catch_up!r}"
+        )
+    if overlap not in OVERLAP_CHOICES:
+        raise ConfigError(
+            f"job {name!r}: overlap must be one of {', '.join(OVERLAP_CHOICES)}, got {overlap!r}"
+        )
+    if grace is not None and (not isinstance(grace, timedelta) or grace <= timedelta(0)):
+        raise ConfigError(
+            f"job {name!r}: grace must be a positive timedelta or None, got {grace!r}"
+        )
+
+
 class Registry:
     """The jobs an app knows, by name."""
 
@@ -68,6 +94,10 @@ class Registry:
         func: JobFunc,
         name: str | None = None,
         key: KeyFunc | None = None,
+        *,
+        catch_up: str = "latest",
+        grace: timedelta | None = None,
+        overlap: str = "skip",
     ) -> Job:
         """Validate and register a job; raise ConfigError naming the job if anything is off."""
         job_name = name or getattr(func, "__name__", "")
@@ -89,9 +119,10 @@ class Registry:
         if key is not None and not callable(key):
             raise ConfigError(f"job {job_name!r}: key= must be a function of the slot time")
         _check_signature(job_name, func)
+        _check_policy(job_name, catch_up, grace, overlap)
         if job_name in self._jobs:
             raise ConfigError(f"job {job_name!r} is registered twice")
-        job = Job(job_name, schedule, func, key)
+        job = Job(job_name, schedule, func, key, catch_up, grace, overlap)  # type: ignore[arg-type]
         self._jobs[job_name] = job
         return job
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -32,9 +33,19 @@ async def _call(job: Job, session: AsyncSession, slot: datetime) -> None:
 
 
 async def run_slot(
-    store: Store, job: Job, slot: datetime, key: str, replica: str, *, busy_ms: int = 200
+    store: Store,
+    job: Job,
+    slot: datetime,
+    key: str,
+    replica: str,
+    *,
+    busy_ms: int = 200,
+    context: Mapping[str, Any] | None = None,
 ) -> RunResult:
-    """Run one slot of a job once, if nobody has; never raises for the job's own errors."""
+    """Run one slot of a job once, if nobody has; never raises for the job's own errors.
+
+    `context` adds fields to every event of this attempt (the worker adds `latency_ms`).
+    """
     started = time.perf_counter()
 
     def result(status: RunStatus, **extra: object) -> RunResult:
@@ -54,6 +65,7 @@ async def run_slot(
         "replica": replica,
         # Fire latency: how late this attempt started, against the slot's nominal time.
         "latency_ms": round((clock.utcnow() - slot).total_seconds() * 1000, 1),
+        **(context or {}),
     }
     async with store.attempt() as session:
         outcome = await store.lock_and_claim(session, job.name, key, slot, replica, busy_ms=busy_ms)

@@ -267,6 +267,9 @@ def migrate(obj: Context) -> None:
 
 
 # Feature commands live in their own modules (cli/<feature>.py) and register here.
+from .worker import worker as _worker  # noqa: E402
+
+cli.add_command(_worker)
 
 from .demo import demo  # noqa: E402
 from .export import export_group  # noqa: E402

@@ -292,6 +292,31 @@ class Store:
         rows = await self._read(sql.get_claim(job, key))
         return _claim(rows[0]) if rows else None
 
+    async def last_slots(self) -> dict[str, datetime]:
+        """The newest claimed slot time of each job that has one (the worker's catch-up floor)."""
+        rows = await self._read(sql.last_slots())
+        return {r.job: r.slot for r in rows if r.slot is not None}
+
+    async def database_time(self) -> datetime:
+        """The database's clock (Postgres `clock_timestamp()`); SQLite has none: this host's."""
+        value = self.dialect.now()
+        if isinstance(value, datetime):
+            return value
+        with self.translate():
+            async with self._reader() as conn:
+                now = (await conn.execute(sa.select(value))).scalar_one()
+                await conn.rollback()
+        assert isinstance(now, datetime)
+        return now
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether an error a job's attempt died of means the database itself is unreachable."""
+        if isinstance(exc, DatabaseUnavailableError):
+            return True
+        if isinstance(exc, sa.exc.DBAPIError):
+            return isinstance(self._translated(exc), DatabaseUnavailableError)
+        return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError))
+
     async def release(self, job: str, key: str) -> Claim | None:
         """Delete one claim so its slot can run again; the claim that was deleted, if any."""
         with self.translate():

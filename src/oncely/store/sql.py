@@ -98,6 +98,13 @@ def last_claims() -> sa.Select[Any]:
     )
 
 
+def last_slots() -> sa.Select[Any]:
+    """The newest claimed slot time of each job: where the worker's catch-up looks back from."""
+    return sa.select(runs.c.job, sa.func.max(runs.c.scheduled_for).label("slot")).group_by(
+        runs.c.job
+    )
+
+
 def release(job: str, key: str) -> Any:
     """Delete one claim so its slot can run again; RETURNING the row that was there."""
     return sa.delete(runs).where(runs.c.job == job, runs.c.key == key).returning(*runs.c)

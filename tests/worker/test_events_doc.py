@@ -1,0 +1,20 @@
+"""docs/events.md lists every event oncely emits."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import ROOT
+
+
+def test_every_emitted_event_is_documented() -> None:
+    emitted = set()
+    for path in (ROOT / "src" / "oncely").rglob("*.py"):
+        emitted |= set(re.findall(r'emit\(\s*"([a-z_]+\.[a-z_]+)"', path.read_text()))
+        emitted |= set(re.findall(r'"event": "([a-z_]+\.[a-z_]+)"', path.read_text()))
+    documented = set(
+        re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \|", (ROOT / "docs" / "events.md").read_text(), re.M)
+    )
+    assert emitted >= {"run.ran", "run.missed", "worker.shutdown"}
+    assert emitted - documented == set()
+    assert documented - emitted == set()

@@ -1,0 +1,149 @@
+"""`app.worker()` and `app.work()` inside an application's own event loop, with the events
+a metrics module sees."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from oncely import Oncely, events, every
+from oncely.clock import utcnow
+
+Seen = list[tuple[str, dict[str, Any]]]
+
+
+@pytest.fixture
+def seen() -> Iterator[Seen]:
+    got: Seen = []
+
+    def observer(event: str, fields: Mapping[str, Any]) -> None:
+        got.append((event, dict(fields)))
+
+    events.subscribe(observer)
+    yield got
+    events.unsubscribe(observer)
+
+
+async def eventually(predicate: Callable[[], bool], deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not within {deadline}s")
+
+
+def named(seen: Seen, event: str, job: str | None = None) -> list[dict[str, Any]]:
+    return [f for e, f in seen if e == event and (job is None or f.get("job") == job)]
+
+
+async def test_a_failing_job_never_stops_the_loop(db_url: str, seen: Seen) -> None:
+    app = Oncely(db_url)
+
+    @app.job(every(seconds=1))
+    async def good(db, now):  # type: ignore[no-untyped-def]
+        return None
+
+    @app.job(every(seconds=1))
+    async def bad(db, now):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    await app.migrate()
+    async with app.worker():
+        await eventually(
+            lambda: (
+                len(named(seen, "run.ran", "good")) >= 2
+                and len(named(seen, "run.failed", "bad")) >= 2
+            )
+        )
+    await app.aclose()
+    ran = named(seen, "run.ran", "good")[0]
+    assert set(ran) >= {"job", "key", "slot", "replica", "duration_ms", "latency_ms"}
+    assert 0 <= ran["latency_ms"] < 1000
+    assert "RuntimeError: boom" in named(seen, "run.failed", "bad")[0]["error"]
+    [started] = named(seen, "worker.started")
+    [stopped] = named(seen, "worker.shutdown")
+    assert started["jobs"] == 2 and stopped["cancelled"] == 0
+    assert [e for e, _ in seen].index("worker.shutdown") == len(seen) - 1  # nothing after
+
+
+async def test_catch_up_latest_runs_the_newest_missed_slot_from_the_ledger(
+    db_url: str, seen: Seen
+) -> None:
+    app = Oncely(db_url)
+    calls: list[Any] = []
+
+    @app.job(every(seconds=1))
+    async def report(db, now):  # type: ignore[no-untyped-def]
+        calls.append(now)
+
+    await app.migrate()
+    # The last claim was 30 s ago: the workers were all down since.
+    assert (await app.run("report", utcnow() - timedelta(seconds=30))).status.value == "ran"
+    calls.clear()
+    async with app.worker():
+        await eventually(lambda: len(calls) >= 1 and bool(named(seen, "run.missed")))
+    await app.aclose()
+    [missed] = named(seen, "run.missed")
+    assert missed["reason"] == "catch_up" and 28 <= missed["count"] <= 31, missed
+    assert missed["job"] == "report" and missed["catch_up"] == "latest"
+    first_run = calls[0]
+    assert utcnow() - first_run < timedelta(seconds=3)  # the newest, not the oldest
+
+
+async def test_work_stops_on_its_event_and_only_runs_the_chosen_jobs(
+    db_url: str, seen: Seen
+) -> None:
+    app = Oncely(db_url)
+
+    @app.job(every(seconds=1))
+    async def chosen(db, now):  # type: ignore[no-untyped-def]
+        return None
+
+    @app.job(every(seconds=1))
+    async def other(db, now):  # type: ignore[no-untyped-def]
+        return None
+
+    await app.migrate()
+    stopping = asyncio.Event()
+    task = asyncio.create_task(app.work(jobs=["chosen"], stopping=stopping))
+    await eventually(lambda: bool(named(seen, "run.ran", "chosen")))
+    stopping.set()
+    await asyncio.wait_for(task, 10)
+    await app.aclose()
+    assert named(seen, "run.ran", "other") == []
+    assert named(seen, "worker.shutdown")
+
+
+async def test_overlap_skip_never_runs_two_slots_of_a_job_at_once(db_url: str, seen: Seen) -> None:
+    app = Oncely(db_url)
+    running: list[Any] = []
+    most = 0
+
+    @app.job(every(seconds=1))
+    async def slow(db, now):  # type: ignore[no-untyped-def]
+        nonlocal most
+        running.append(now)
+        most = max(most, len(running))
+        await asyncio.sleep(1.6)  # always still running when the next slot comes due
+        running.remove(now)
+
+    await app.migrate()
+    async with app.worker():
+        await eventually(
+            lambda: (
+                len(named(seen, "run.ran", "slow")) >= 2
+                and len(named(seen, "run.overlap_skipped", "slow")) >= 2
+            )
+        )
+    await app.aclose()
+    assert most == 1
+    skipped = named(seen, "run.overlap_skipped", "slow")[0]
+    assert set(skipped) >= {"job", "key", "slot", "running", "replica"}
+    ran_slots = {f["slot"] for f in named(seen, "run.ran", "slow")}
+    assert not ran_slots & {f["slot"] for f in named(seen, "run.overlap_skipped")}
