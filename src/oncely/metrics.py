@@ -101,6 +101,8 @@ class Update:
     labels: Callable[[Mapping[str, Any]], tuple[str, ...]]
     observe_ms: str | None = None
     """For histograms: the event field, in milliseconds, whose value is observed."""
+    count: str | None = None
+    """For counters: the event field holding how many to add (default 1)."""
 
 
 def _name(fields: Mapping[str, Any], *keys: str) -> str:
@@ -158,7 +160,7 @@ EVENTS: dict[str, list[Update]] = {
         *_run("failed"),
         Update("oncely_run_duration_seconds", lambda f: (_job(f), "failed"), "duration_ms"),
     ],
-    "run.missed": [Update("oncely_slots_missed_total", lambda f: (_job(f),))],
+    "run.missed": [Update("oncely_slots_missed_total", lambda f: (_job(f),), count="count")],
     "run.overlap_skipped": [Update("oncely_slots_overlap_skipped_total", lambda f: (_job(f),))],
     "task.enqueued": _task_state("enqueued"),
     "task.duplicate": [
@@ -204,7 +206,8 @@ class Metrics:
         for update in EVENTS.get(event, ()):
             metric = self._metrics[update.metric].labels(*update.labels(fields))
             if update.observe_ms is None:
-                metric.inc()
+                amount = fields.get(update.count, 1) if update.count else 1
+                metric.inc(amount if isinstance(amount, (int, float)) and amount > 0 else 1)
                 continue
             value = fields.get(update.observe_ms)
             if isinstance(value, (int, float)):

@@ -118,8 +118,8 @@ def test_every_mapped_event_moves_its_metrics(registry: CollectorRegistry) -> No
     installed = metrics.install(registry)
     assert metrics.install(registry) is installed  # idempotent: no double counting
     emitted = [
-        ("run.missed", {"job": "digest", "slot": "2026-11-27T18:00:00-06:00"}),
-        ("run.missed", {"job": "digest"}),
+        ("run.missed", {"job": "digest", "count": 3, "first": "2026-11-27T18:00:00-06:00"}),
+        ("run.missed", {"job": "digest", "count": 1}),
         ("run.overlap_skipped", {"job": "digest"}),
         ("task.enqueued", {"task": "charge", "key": "charge:42"}),
         ("task.duplicate", {"task": "charge", "key": "charge:42"}),
@@ -145,7 +145,7 @@ def test_every_mapped_event_moves_its_metrics(registry: CollectorRegistry) -> No
     def value(name: str, **labels: str) -> float:
         return values.get((name, tuple(sorted(labels.items()))), 0.0)
 
-    assert value("oncely_slots_missed_total", job="digest") == 2
+    assert value("oncely_slots_missed_total", job="digest") == 4  # by each report's count
     assert value("oncely_slots_overlap_skipped_total", job="digest") == 1
     assert value("oncely_tasks_total", task="charge", state="enqueued") == 1
     assert value("oncely_tasks_total", task="charge", state="started") == 2
