@@ -7,6 +7,7 @@ import enum
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 
@@ -32,6 +33,13 @@ class Dialect(abc.ABC):
 
     def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
         """Set up an engine that oncely built itself (not a user's engine)."""
+
+    def sync_engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for `create_engine` for oncely's synchronous engine."""
+        return {}
+
+    def configure_sync_engine(self, engine: Engine) -> None:  # noqa: B027 - optional hook
+        """Set up the synchronous engine oncely builds for sync effects."""
 
     @abc.abstractmethod
     def insert(self) -> Any:

@@ -63,6 +63,9 @@ class PostgresDialect(Dialect):
     def engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": 10}, "pool_pre_ping": True}
 
+    def sync_engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+
     def insert(self) -> Any:
         return postgresql.insert
 

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from .. import clock
@@ -49,8 +49,11 @@ class SQLiteDialect(Dialect):
     name = "sqlite"
 
     def configure_engine(self, engine: AsyncEngine) -> None:
-        event.listen(engine.sync_engine, "connect", _on_connect)
-        event.listen(engine.sync_engine, "begin", _on_begin)
+        self.configure_sync_engine(engine.sync_engine)
+
+    def configure_sync_engine(self, engine: Engine) -> None:
+        event.listen(engine, "connect", _on_connect)
+        event.listen(engine, "begin", _on_begin)
 
     def insert(self) -> Any:
         return sqlite.insert
