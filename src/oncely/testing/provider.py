@@ -63,8 +63,11 @@ class FakeProvider:
             os.close(fd)
             path = name
         self.path = Path(path)
-        with self._transaction() as db:
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
             db.executescript(_SCHEMA)
+        finally:
+            db.close()
 
     @classmethod
     def from_env(cls) -> FakeProvider:
