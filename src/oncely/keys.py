@@ -8,8 +8,9 @@ Format (stable across versions, processes and machines)::
     ok1_<32 lowercase hex digits>
 
 the first 128 bits of SHA-256 over the parts encoded as a canonical JSON array (UTF-8, no
-spaces, strings as they are, integers in decimal, UUIDs as their canonical string, times as
-ISO 8601 in UTC). 35 characters: under Stripe's 255, the oncely ledger's 200, and most
+spaces, no ASCII escaping): a str as itself, an int in decimal, a UUID as
+`{"uuid": "<lowercase canonical form>"}`, an aware datetime as `{"t": "<ISO 8601 in UTC>"}`.
+36 characters: under Stripe's 255, the oncely ledger's 200, and most
 providers' limits. The JSON array keeps parts apart, so ("a:b", "c") and ("a", "b:c") differ;
 "1" (a str) and 1 (an int) differ too.
 """
