@@ -196,8 +196,7 @@ async def test_missing_schema_is_a_clear_error(db_url: str) -> None:
         with pytest.raises(SchemaMissingError, match="oncely migrate"):
             async with app.effect("k"):
                 pass
-        with pytest.raises(SchemaMissingError, match="oncely migrate"):
-            with app.effect_sync("k"):
-                pass
+        with pytest.raises(SchemaMissingError, match="oncely migrate"), app.effect_sync("k"):
+            pass
     finally:
         await app.aclose()
