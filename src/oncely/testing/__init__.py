@@ -20,7 +20,7 @@ from .deliver import (
     deliver_twice,
     run_replicas,
 )
-from .provider import AppliedEffect, FakeProvider, ProviderError
+from .provider import AppliedEffect, FakeProvider, Faults, ProviderError
 from .retry import (
     Decision,
     Kind,
@@ -41,6 +41,7 @@ __all__ = [
     "Deliveries",
     "Delivery",
     "FakeProvider",
+    "Faults",
     "FrozenClock",
     "JobSlot",
     "Kind",

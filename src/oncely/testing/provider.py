@@ -6,6 +6,7 @@ the toolkit SIGKILLs) charges the same provider the test then inspects.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sqlite3
@@ -28,7 +29,9 @@ CREATE TABLE IF NOT EXISTS effects (
     pid INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT);
-CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS faults (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, error TEXT NOT NULL
+);
 """
 
 
@@ -101,45 +104,63 @@ class FakeProvider:
         response: dict[str, Any] | None = None
         with self._transaction() as db:
             db.execute("INSERT INTO calls (idempotency_key) VALUES (?)", (idempotency_key,))
-            fault = _take_fault(db)
+            fault, error = _take_fault(db)
             if fault != "before":
                 response = _replay(db, idempotency_key) or _insert(
                     db, action, body, idempotency_key
                 )
         if fault == "before":
-            raise ProviderError("failed before applying the request")
+            raise error("failed before applying the request")
         if fault == "after":
-            raise ProviderError("timed out after applying the request (the response was lost)")
+            raise error("timed out after applying the request (the response was lost)")
         assert response is not None
         return response
 
     def charge(
-        self, amount: int, *, currency: str = "usd", idempotency_key: str | None = None
+        self,
+        amount: int,
+        *,
+        currency: str = "usd",
+        idempotency_key: str | None = None,
+        **metadata: Any,
     ) -> dict[str, Any]:
-        """Charge `amount` (in cents): a payment API."""
-        return self.apply(
-            "charge", {"amount": amount, "currency": currency}, idempotency_key=idempotency_key
-        )
+        """Charge `amount` (in cents): a payment API. `metadata` (order_id=42) is kept."""
+        payload = {"amount": amount, "currency": currency, **metadata}
+        return self.apply("charge", payload, idempotency_key=idempotency_key)
 
     def send_email(
-        self, to: str, subject: str, *, idempotency_key: str | None = None
+        self, to: str, subject: str, *, idempotency_key: str | None = None, **metadata: Any
     ) -> dict[str, Any]:
         """Send one e-mail: an e-mail API."""
-        return self.apply("email", {"to": to, "subject": subject}, idempotency_key=idempotency_key)
+        payload = {"to": to, "subject": subject, **metadata}
+        return self.apply("email", payload, idempotency_key=idempotency_key)
 
     # -- faults --------------------------------------------------------------------------
 
-    def fail_after_apply(self, times: int = 1) -> None:
-        """The next `times` requests are applied, then fail (the response is lost)."""
-        self._add_faults("after", times)
+    def fail_after_apply(self, times: int = 1, *, error: type[Exception] = ProviderError) -> Faults:
+        """The next `times` requests are applied, then raise `error` (the response is lost).
 
-    def fail_before_apply(self, times: int = 1) -> None:
-        """The next `times` requests fail without being applied."""
-        self._add_faults("before", times)
+        Also a context manager: `with provider.fail_after_apply(): ...` withdraws the faults
+        the block did not use up.
+        """
+        return self._add_faults("after", times, error)
 
-    def _add_faults(self, kind: str, times: int) -> None:
+    def fail_before_apply(
+        self, times: int = 1, *, error: type[Exception] = ProviderError
+    ) -> Faults:
+        """The next `times` requests raise `error` without being applied."""
+        return self._add_faults("before", times, error)
+
+    def _add_faults(self, kind: str, times: int, error: type[Exception]) -> Faults:
+        name = f"{error.__module__}:{error.__qualname__}"
         with self._transaction() as db:
-            db.executemany("INSERT INTO faults (kind) VALUES (?)", [(kind,)] * times)
+            db.executemany("INSERT INTO faults (kind, error) VALUES (?, ?)", [(kind, name)] * times)
+        return Faults(self)
+
+    def clear_faults(self) -> None:
+        """Withdraw every pending fault."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM faults")
 
     # -- what the test asserts on --------------------------------------------------------
 
@@ -154,6 +175,15 @@ class FakeProvider:
         """How many requests arrived, replays and failures included."""
         with self._transaction() as db:
             return int(db.execute("SELECT count(*) FROM calls").fetchone()[0])
+
+    def count(self, action: str | None = None, **payload: Any) -> int:
+        """How many applied requests match: `count("charge", order_id=42)`."""
+        return sum(
+            1
+            for e in self.effects()
+            if (action is None or e.action == action)
+            and all(e.payload.get(k) == v for k, v in payload.items())
+        )
 
     def effects(self) -> list[AppliedEffect]:
         """The applied requests, oldest first."""
@@ -178,12 +208,36 @@ class FakeProvider:
             db.execute("DELETE FROM faults")
 
 
-def _take_fault(db: sqlite3.Connection) -> str | None:
-    row = db.execute("SELECT id, kind FROM faults ORDER BY id LIMIT 1").fetchone()
+class Faults:
+    """Pending faults; as a context manager, withdraws those left unused when the block ends."""
+
+    def __init__(self, provider: FakeProvider) -> None:
+        self.provider = provider
+
+    def __enter__(self) -> FakeProvider:
+        return self.provider
+
+    def __exit__(self, *exc: object) -> None:
+        self.provider.clear_faults()
+
+
+def _error_class(name: str) -> type[Exception]:
+    module, _, qualname = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return ProviderError
+    return obj if isinstance(obj, type) and issubclass(obj, Exception) else ProviderError
+
+
+def _take_fault(db: sqlite3.Connection) -> tuple[str | None, type[Exception]]:
+    row = db.execute("SELECT id, kind, error FROM faults ORDER BY id LIMIT 1").fetchone()
     if row is None:
-        return None
+        return None, ProviderError
     db.execute("DELETE FROM faults WHERE id = ?", (row[0],))
-    return str(row[1])
+    return str(row[1]), _error_class(str(row[2]))
 
 
 def _replay(db: sqlite3.Connection, idempotency_key: str | None) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from .. import clock
 from ..app import Oncely
 from ..effects import EffectResult, OnceHandler
 from ..errors import BadInputError
+from ..model import RunResult, RunStatus
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,9 @@ def _job_from_spec(spec: dict[str, Any]) -> Target:
 class Call:
     """A call `handler(*args, **kwargs)`, as a queue would deliver a message to it.
 
-    With an `@app.once` handler the outcome is its EffectResult's status; any other function
-    (a non-idempotent handler) counts as `ran` whenever it returns. A plain `def` runs in a
+    With an `@app.once` handler the outcome is its EffectResult's status (a task body that
+    returns `handler(...).status`, a RunStatus, works too); any other function (a
+    non-idempotent handler) counts as `ran` whenever it returns. A plain `def` runs in a
     worker thread, so two concurrent deliveries use two connections. Arguments must be JSON
     for deliveries from child processes.
     """
@@ -231,8 +233,10 @@ class Call:
             return Delivery(
                 status="failed", key=self._key(), error=f"{type(exc).__name__}: {exc}", pid=_pid()
             )
-        if isinstance(outcome, EffectResult):
+        if isinstance(outcome, (EffectResult, RunResult)):
             return Delivery(status=outcome.status.value, key=outcome.key, pid=_pid())
+        if isinstance(outcome, RunStatus):  # a task body that returns `handler(...).status`
+            return Delivery(status=outcome.value, key=self._key(), pid=_pid())
         return Delivery(status="ran", key=self._key(), pid=_pid())
 
     def _key(self) -> str | None:
