@@ -258,6 +258,25 @@ class SyncEffect(_EffectBase):
             store.abandon_sync(session)
 
 
+def _call_signature(func: Callable[..., Any]) -> inspect.Signature:
+    name = getattr(func, "__qualname__", repr(func))
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"@once {name}: cannot read the function's signature") from exc
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise ConfigError(
+            f"@once {name}: the function's first parameter receives the session "
+            f"(e.g. def {getattr(func, '__name__', 'handler')}(db, order_id)); its signature "
+            f"is {sig}"
+        )
+    return sig.replace(parameters=params[1:], return_annotation=EffectResult)
+
+
 class OnceHandler(Generic[P, R]):
     """A function made once-per-key by `@app.once(key=...)`; calling it returns an EffectResult.
 
@@ -278,6 +297,8 @@ class OnceHandler(Generic[P, R]):
         self.scope = scope
         self.is_async = inspect.iscoroutinefunction(func)
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
+        # What callers (and Celery's argument check) see: the function without its session.
+        self.__signature__ = _call_signature(func)
 
     def key_for(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """The key a call with these arguments claims."""

@@ -200,3 +200,25 @@ async def test_missing_schema_is_a_clear_error(db_url: str) -> None:
             pass
     finally:
         await app.aclose()
+
+
+def test_a_once_handler_looks_like_the_call_it_takes(db_url: str) -> None:
+    """Callers (and Celery's argument check) see the signature without the session."""
+    import inspect
+
+    app = Oncely(db_url)
+
+    @app.once(key=lambda order_id, amount=10: f"charge:{order_id}")
+    def charge(db: Any, order_id: int, amount: int = 10) -> str:
+        """Charge an order."""
+        return "x"
+
+    signature = inspect.signature(charge)
+    assert list(signature.parameters) == ["order_id", "amount"]
+    assert signature.parameters["amount"].default == 10
+    assert charge.__doc__ == "Charge an order." and charge.__wrapped__ is not None
+    with pytest.raises(ConfigError, match="first parameter receives the session"):
+
+        @app.once(key=lambda: "k")
+        def no_session() -> None:
+            pass
