@@ -93,17 +93,19 @@ def check_key(key: object) -> str:
 
 
 class _EffectBase:
-    def __init__(self, app: Oncely, key: str, scope: str) -> None:
+    def __init__(self, app: Oncely, key: str, scope: str, name: str | None = None) -> None:
         self.app = app
         self.key = check_key(key)
         self.scope = scope
         self.job = ledger_job(scope)
+        self.name = name or scope
+        """What metrics label the effect by: the once-handler's name, else the scope."""
         self.result: EffectResult[Any] | None = None
         """Set when the block ends: ran, skipped or failed."""
         self._started = 0.0
 
     def _fields(self) -> dict[str, Any]:
-        return {"job": self.job, "key": self.key, "replica": replica_id()}
+        return {"job": self.job, "key": self.key, "effect": self.name, "replica": replica_id()}
 
     def _done(self, status: RunStatus, **extra: Any) -> None:
         self.result = EffectResult(
@@ -296,6 +298,7 @@ class OnceHandler(Generic[P, R]):
         self.key = key
         self.scope = scope
         self.is_async = inspect.iscoroutinefunction(func)
+        self.name: str = getattr(func, "__qualname__", None) or repr(func)
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
         # What callers (and Celery's argument check) see: the function without its session.
         self.__signature__ = _call_signature(func)
@@ -307,7 +310,7 @@ class OnceHandler(Generic[P, R]):
 
 class AsyncOnceHandler(OnceHandler[P, R]):
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> EffectResult[R]:
-        effect = Effect(self.app, self.key_for(*args, **kwargs), self.scope)
+        effect = Effect(self.app, self.key_for(*args, **kwargs), self.scope, self.name)
         value: R | None = None
         async with effect as db:
             if db is not None:
@@ -318,7 +321,7 @@ class AsyncOnceHandler(OnceHandler[P, R]):
 
 class SyncOnceHandler(OnceHandler[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> EffectResult[R]:
-        effect = SyncEffect(self.app, self.key_for(*args, **kwargs), self.scope)
+        effect = SyncEffect(self.app, self.key_for(*args, **kwargs), self.scope, self.name)
         value: R | None = None
         with effect as session:
             if session is not None:

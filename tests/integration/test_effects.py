@@ -222,3 +222,39 @@ def test_a_once_handler_looks_like_the_call_it_takes(db_url: str) -> None:
         @app.once(key=lambda: "k")
         def no_session() -> None:
             pass
+
+
+async def test_effects_show_in_history_and_can_be_released(
+    app: Oncely, db_url: str, tmp_path: Any
+) -> None:
+    from tests.conftest import ROOT, run_cli
+
+    async with app.effect("charge:42") as db:
+        assert db is not None
+    env = {"ONCELY_DATABASE_URL": db_url, "ONCELY_APP": "tests.apps.shop:app"}
+    history = run_cli("history", "@effect", cwd=ROOT, env=env)
+    assert history.returncode == 0, history.stderr
+    assert "@effect" in history.stdout and "charge:42" in history.stdout
+    released = run_cli("release", "@effect", "charge:42", cwd=ROOT, env=env)
+    assert released.returncode == 0 and "released @effect key charge:42" in released.stdout
+    async with app.effect("charge:42") as db:  # free again
+        assert db is not None
+
+
+async def test_events_name_the_effect_for_metrics(app: Oncely, observed: Any) -> None:
+    """Metrics label effects by the once-handler's name (else the scope), never by the key."""
+
+    @app.once(key=lambda n: f"k:{n}")
+    async def refund(db: Any, n: int) -> None:
+        pass
+
+    await refund(1)
+    await refund(1)
+    async with app.effect("k:2", scope="mail"):
+        pass
+    assert [(e, f["effect"], f["job"], f["key"]) for e, f in observed] == [
+        ("effect.ran", refund.name, "@effect", "k:1"),
+        ("effect.skipped", refund.name, "@effect", "k:1"),
+        ("effect.ran", "mail", "@mail", "k:2"),
+    ]
+    assert refund.name.endswith("refund")

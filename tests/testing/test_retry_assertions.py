@@ -131,3 +131,29 @@ def test_a_plain_function_and_wait_answers_are_accepted() -> None:
     assert as_decider(lambda e, a: Later(1.5))(GatewayTimeout(), 1).wait == timedelta(seconds=1.5)
     with pytest.raises(TypeError, match="cannot read a retry decision"):
         as_decider(lambda e, a: 42)(GatewayTimeout(), 1)
+
+
+@dataclass(frozen=True)
+class RetryWithWait:
+    at: datetime
+    wait: float
+
+
+class PolicyTakingNow:
+    """The shape of oncely's RetryPolicy: decide(error, attempt, now), pure, no clock read."""
+
+    def decide(self, error: BaseException, attempt: int, now: datetime) -> object:
+        if isinstance(error, OrderGone):
+            return Discard()
+        if attempt >= 3:
+            return GiveUp()
+        return RetryWithWait(now + timedelta(seconds=10 * attempt), 10.0 * attempt)
+
+
+def test_a_policy_that_is_handed_now() -> None:
+    policy = PolicyTakingNow()
+    assert_retries(policy, GatewayTimeout(), attempts=3)
+    assert_discards(policy, OrderGone())
+    assert_waits(policy, GatewayTimeout(), [(10, 10), (20, 20)], samples=2)
+    with pytest.raises(AssertionError, match=r"ranged 20s\.\.20s"):
+        assert_waits(policy, GatewayTimeout(), [(10, 10), (5, 15)], samples=2)

@@ -1,6 +1,6 @@
 """Assertions about a retry policy: which errors retry, how often, how long each wait is.
 
-The helpers speak to a policy through one small shape: `decide(error, attempt)` where
+The helpers speak to a policy through one small shape: `decide(error, attempt[, now])` where
 `attempt` is the number of the attempt that just failed (1 for the first), answered with a
 `Decision` — retry after `wait`, discard, or give up. `as_decider` adapts a policy object
 (anything with a `decide` method whose answers carry a `wait`, a `delay` or an `at`, or are
@@ -10,6 +10,7 @@ named Retry / Discard / GiveUp) or a plain function to that shape.
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -66,15 +67,30 @@ def normalize(answer: Any) -> Decision:
     raise TypeError(f"cannot read a retry decision from {answer!r}")
 
 
+def _takes_now(decide: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(decide).bind(BaseException(), 1, EPOCH)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read: assume the two-argument shape
+        return False
+    return True
+
+
 def as_decider(policy: Any) -> Decider:
-    """The policy as `decide(error, attempt) -> Decision`, asked at a frozen instant."""
+    """The policy as `decide(error, attempt) -> Decision`, asked at a frozen instant.
+
+    A `decide(error, attempt, now)` (oncely's RetryPolicy) is handed the frozen instant.
+    """
     decide = getattr(policy, "decide", policy)
     if not callable(decide):
         raise TypeError(f"{policy!r} has no decide(error, attempt) and is not callable")
+    takes_now = _takes_now(decide)
 
     def decider(error: BaseException, attempt: int) -> Decision:
         with FrozenClock(EPOCH):
-            return normalize(decide(error, attempt))
+            answer = decide(error, attempt, EPOCH) if takes_now else decide(error, attempt)
+        return normalize(answer)
 
     return decider
 
