@@ -43,11 +43,14 @@ async def test_crash_between_work_and_ack_then_retry_has_one_effect(
     ]
 
 
+@MODES
 async def test_crash_in_a_sync_handler(
-    shop_app: Oncely, sync_engine: sa.Engine, fake_provider: FakeProvider
+    shop_app: Oncely, sync_engine: sa.Engine, fake_provider: FakeProvider, process: bool
 ) -> None:
     result = await crash_between_work_and_ack(
-        Call(shop.charge_order_sync, 5), effects=lambda: shop.payments(sync_engine)
+        Call(shop.charge_order_sync, 5),
+        process=process,
+        effects=lambda: shop.payments(sync_engine),
     )
     result.assert_once()
     fake_provider.assert_applied(1)
