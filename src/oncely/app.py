@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from datetime import datetime
@@ -9,7 +10,7 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from . import clock
+from . import clock, events
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError
 from .identity import replica_id
@@ -155,8 +156,18 @@ class Oncely:
         return await self.store.last_claims()
 
     async def release(self, job: str, key: str) -> Claim | None:
-        """Delete one claim so its slot can run again; the claim deleted, or None."""
-        return await self.store.release(job, key)
+        """Delete one claim so its slot can run again (logged); the claim deleted, or None."""
+        claim = await self.store.release(job, key)
+        if claim is not None:
+            events.emit(
+                "run.released",
+                "claim deleted by hand; the slot can run again",
+                level=logging.WARNING,
+                job=job,
+                key=key,
+                claimed_by=claim.claimed_by,
+            )
+        return claim
 
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""

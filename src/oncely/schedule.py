@@ -136,7 +136,7 @@ class CronSchedule(Schedule):
             for candidate in it:
                 if candidate.astimezone(UTC) > after:
                     return candidate.astimezone(UTC).astimezone(self._zone)
-        except StopIteration:  # pragma: no cover - cronsim gives up after 50 years
+        except (StopIteration, OverflowError):  # cronsim gives up after 50 years / year 9999
             return None
         return None  # pragma: no cover
 

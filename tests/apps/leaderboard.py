@@ -20,10 +20,17 @@ app = Oncely()
 TOP3 = ("ana", "beto", "carla")
 SIGNAL_DIR = Path(os.environ.get("ONCELY_TEST_SIGNALS", "."))
 
-APP_TABLES = """
-CREATE TABLE IF NOT EXISTS coins (member varchar(50), amount integer, slot varchar(64));
-CREATE TABLE IF NOT EXISTS notifications (member varchar(50), body varchar(200));
-"""
+APP_TABLES = (
+    "CREATE TABLE IF NOT EXISTS coins (member varchar(50), amount integer, slot varchar(64))",
+    "CREATE TABLE IF NOT EXISTS notifications (member varchar(50), body varchar(200))",
+)
+
+
+def create_tables(engine: sa.Engine) -> None:
+    """The app's own tables (a real app would have them from its migrations)."""
+    with engine.begin() as conn:
+        for statement in APP_TABLES:
+            conn.exec_driver_sql(statement)
 
 
 async def _pay_top3(db, now) -> None:  # type: ignore[no-untyped-def]

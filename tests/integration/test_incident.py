@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tests.apps.leaderboard import APP_TABLES
+from tests.apps.leaderboard import create_tables
 from tests.conftest import ROOT, run_cli
 
 APP = "tests.apps.leaderboard:app"
@@ -22,10 +22,7 @@ FRIDAY = "2026-11-27T18:0{}:00-06:00"  # a Friday, America/Mexico_City
 def env(db_url: str, sync_engine: sa.Engine, tmp_path: Path) -> dict[str, str]:
     env = {"ONCELY_DATABASE_URL": db_url, "ONCELY_APP": APP, "ONCELY_TEST_SIGNALS": str(tmp_path)}
     assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
-    with sync_engine.begin() as conn:
-        for statement in APP_TABLES.strip().split(";"):
-            if statement.strip():
-                conn.exec_driver_sql(statement)
+    create_tables(sync_engine)
     return env
 
 

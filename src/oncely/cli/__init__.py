@@ -235,13 +235,6 @@ def release(obj: Context, job: str, key: str) -> None:
             "(see `oncely history` for the keys)"
         )
         return
-    logging.getLogger("oncely").warning(
-        "run.released: claim deleted by hand job=%s key=%s claimed_by=%s",
-        job,
-        key,
-        claim.claimed_by,
-        extra={"event": "run.released", "fields": {"job": job, "key": key}},
-    )
     click.echo(
         f"released {job} key {key} (was claimed by {claim.claimed_by} "
         f"at {render.iso(claim.claimed_at)})"

@@ -1,0 +1,100 @@
+"""The claim primitive and the ledger, on SQLite and Postgres (guarantees 1, 2, 8)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session
+
+from oncely import Oncely, SchemaMissingError, claim_run, claim_run_sync
+from oncely.schema import SCHEMA_VERSION
+from oncely.store import normalize_url
+
+WORK = "CREATE TABLE work (note varchar(50))"
+
+
+@pytest.fixture
+async def sessions(db_url: str):  # type: ignore[no-untyped-def]
+    app = Oncely(db_url)
+    await app.migrate()
+    await app.aclose()
+    engine = create_async_engine(normalize_url(db_url))
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(WORK)
+    yield async_sessionmaker(engine, expire_on_commit=False)
+    await engine.dispose()
+
+
+async def count(maker: async_sessionmaker[AsyncSession], table: str) -> int:
+    async with maker() as s:
+        return int((await s.execute(sa.text(f"SELECT count(*) FROM {table}"))).scalar_one())
+
+
+async def test_claim_is_true_once_then_false(sessions) -> None:  # type: ignore[no-untyped-def]
+    async with sessions() as s, s.begin():
+        assert await claim_run(s, "leaderboard_close", "2026-W48") is True
+    async with sessions() as s, s.begin():
+        assert await claim_run(s, "leaderboard_close", "2026-W48") is False
+        # Another key, or the same key of another job, is a different claim.
+        assert await claim_run(s, "leaderboard_close", "2026-W49") is True
+        assert await claim_run(s, "weekly_digest", "2026-W48") is True
+    assert await count(sessions, "oncely_runs") == 3
+
+
+async def test_failure_frees_the_slot_rollback_releases_the_claim(sessions) -> None:  # type: ignore[no-untyped-def]
+    """The seed article's regression test: a rolled-back attempt leaves no claim, no work."""
+    async with sessions() as s, s.begin():
+        assert await claim_run(s, "leaderboard_close", "2026-W48") is True
+        await s.execute(sa.text("INSERT INTO work VALUES ('paid')"))
+        await s.rollback()
+    assert await count(sessions, "oncely_runs") == 0
+    assert await count(sessions, "work") == 0
+    async with sessions() as s, s.begin():
+        assert await claim_run(s, "leaderboard_close", "2026-W48") is True
+        await s.execute(sa.text("INSERT INTO work VALUES ('paid')"))
+    assert await count(sessions, "work") == 1
+
+
+def test_claim_run_sync_on_a_plain_session(db_url: str, sync_engine: sa.Engine) -> None:
+    asyncio.run(Oncely(db_url).migrate())
+    with Session(sync_engine) as s, s.begin():
+        assert claim_run_sync(s, "nightly", "2026-11-29") is True
+    with Session(sync_engine) as s, s.begin():
+        assert claim_run_sync(s, "nightly", "2026-11-29") is False
+        assert claim_run_sync(s, "nightly", "2026-11-30") is True
+        s.rollback()
+    with Session(sync_engine) as s, s.begin():
+        assert claim_run_sync(s, "nightly", "2026-11-30") is True
+
+
+async def test_claim_before_migrate_names_the_fix(db_url: str) -> None:
+    engine = create_async_engine(normalize_url(db_url))
+    try:
+        async with AsyncSession(engine) as s, s.begin():
+            with pytest.raises(SchemaMissingError, match="oncely migrate"):
+                await claim_run(s, "job", "key")
+    finally:
+        await engine.dispose()
+
+
+async def test_migrate_is_idempotent_and_versioned(db_url: str) -> None:
+    apps = [Oncely(db_url) for _ in range(3)]
+    results = await asyncio.gather(*(a.migrate() for a in apps), return_exceptions=True)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert sorted(map(tuple, results)) == [(), (), tuple(range(1, SCHEMA_VERSION + 1))]  # type: ignore[arg-type]
+    assert await apps[0].store.schema_version() == SCHEMA_VERSION
+    assert await apps[0].migrate() == []
+    for app in apps:
+        await app.aclose()
+
+
+async def test_schema_metadata_is_exposed_for_alembic() -> None:
+    from oncely.schema import metadata
+
+    assert {"oncely_runs", "oncely_schema"} <= set(metadata.tables)
+    runs = metadata.tables["oncely_runs"]
+    assert [c.name for c in runs.primary_key.columns] == ["job", "key"]
+    assert {"scheduled_for", "claimed_at", "claimed_by", "finished_at"} <= set(runs.c.keys())
