@@ -8,7 +8,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 from tests.apps import leaderboard
-from tests.apps.leaderboard import APP_TABLES
 
 from oncely import Oncely, clock
 from oncely.errors import BadInputError
@@ -24,10 +23,7 @@ async def board(
     monkeypatch.setenv("ONCELY_DATABASE_URL", db_url)
     async with using_database(leaderboard.app, db_url) as app:
         await app.migrate()
-        with sync_engine.begin() as conn:
-            for statement in APP_TABLES.strip().split(";"):
-                if statement.strip():
-                    conn.exec_driver_sql(statement)
+        leaderboard.create_tables(sync_engine)
         yield app
 
 
