@@ -33,7 +33,10 @@ def _wait_for(path: Path, limit: float) -> None:
 
 def _hold_at_commit(signal_file: Path) -> None:
     def hold(job: str, key: str) -> None:
-        signal_file.write_text(json.dumps({"job": job, "key": key, "pid": os.getpid()}))
+        # Written aside, then renamed: the test kills us as soon as the name appears.
+        tmp = signal_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"job": job, "key": key, "pid": os.getpid()}))
+        tmp.rename(signal_file)
         time.sleep(HOLD_SECONDS)  # the test SIGKILLs us here; nothing else to wait for
         raise SystemExit("held at the commit and never killed")
 
