@@ -97,3 +97,8 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+# oncely's own pytest plugin (also an entry point once installed; named after its module,
+# so loading it both ways registers it once).
+pytest_plugins = ["oncely.testing.plugin"]

@@ -6,6 +6,7 @@ The public API; everything else is an implementation detail.
 from __future__ import annotations
 
 from .app import Oncely
+from .effects import Effect, EffectResult, OnceHandler, SyncEffect
 from .errors import (
     BadInputError,
     ConfigError,
@@ -16,6 +17,7 @@ from .errors import (
     SchemaMissingError,
     UnknownJobError,
 )
+from .keys import idempotency_key
 from .model import Claim, RunResult, RunStatus, Slot
 from .schedule import CronSchedule, EverySchedule, Schedule, cron, every
 from .store.claims import claim_run, claim_run_sync
@@ -29,8 +31,11 @@ __all__ = [
     "CronSchedule",
     "DatabaseError",
     "DatabaseUnavailableError",
+    "Effect",
+    "EffectResult",
     "EverySchedule",
     "JobTransactionError",
+    "OnceHandler",
     "Oncely",
     "OncelyError",
     "RunResult",
@@ -38,10 +43,12 @@ __all__ = [
     "Schedule",
     "SchemaMissingError",
     "Slot",
+    "SyncEffect",
     "UnknownJobError",
     "__version__",
     "claim_run",
     "claim_run_sync",
     "cron",
     "every",
+    "idempotency_key",
 ]

@@ -13,6 +13,7 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from . import clock, events
+from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError
 from .identity import replica_id
 from .model import Claim, RunResult, RunStatus, Slot
@@ -176,6 +177,30 @@ class Oncely:
             stopping.set()
             await task
 
+    # -- once-per-key effects, for any caller --------------------------------------------
+
+    def effect(self, key: str, *, scope: str = DEFAULT_SCOPE) -> Effect:
+        """`async with app.effect("charge:42") as db:` — run the block once per key.
+
+        Opens a transaction and claims `key`; `db` is that AsyncSession, or None if the key
+        was processed before (skip the work: it is logged as `effect.skipped`). The block's
+        writes commit with the claim; an exception rolls both back and frees the key.
+        """
+        return Effect(self, key, scope)
+
+    def effect_sync(self, key: str, *, scope: str = DEFAULT_SCOPE) -> SyncEffect:
+        """`with app.effect_sync("charge:42") as session:` — `effect` for synchronous code."""
+        return SyncEffect(self, key, scope)
+
+    def once(self, key: Callable[..., str], *, scope: str = DEFAULT_SCOPE) -> OnceDecorator:
+        """Make a handler `f(db, *args)` take effect once per `key(*args)`.
+
+        Calling the handler with `*args` returns an EffectResult: `ran` (with the return
+        value) or `skipped` (a duplicate: `f` was not called); an exception rolls back, frees
+        the key and propagates, so the caller's queue retries.
+        """
+        return OnceDecorator(self, key, scope)
+
     # -- the ledger ---------------------------------------------------------------------
 
     async def migrate(self) -> list[int]:
@@ -184,7 +209,7 @@ class Oncely:
 
     async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
         """Claims newest first: who ran each slot, when, and how long it took."""
-        if job is not None:
+        if job is not None and not job.startswith("@"):  # "@scope": once-per-key effects
             self.registry.job(job)
         return await self.store.history(job, limit)
 

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
+
+_source: Callable[[], datetime] | None = None
 
 
 def utcnow() -> datetime:
-    """The current instant, timezone-aware, in UTC."""
+    """The current instant, timezone-aware, in UTC (or the test clock's, when one is set)."""
+    if _source is not None:
+        return _source().astimezone(timezone.utc)
     return datetime.now(timezone.utc)
+
+
+def set_source(source: Callable[[], datetime] | None) -> None:
+    """Read time from `source` instead of the wall clock (None: the wall clock again).
+
+    For `oncely.testing`'s frozen clock; applications never need it.
+    """
+    global _source
+    _source = source

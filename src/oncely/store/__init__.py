@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
@@ -22,9 +23,12 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import Session, sessionmaker
 
+from .. import hooks
 from ..errors import (
     BadInputError,
+    ConfigError,
     DatabaseError,
     DatabaseUnavailableError,
     OncelyError,
@@ -48,6 +52,7 @@ __all__ = [
     "mask_url",
     "metadata",
     "normalize_url",
+    "sync_url",
     "violation",
 ]
 
@@ -73,6 +78,20 @@ def normalize_url(url: str) -> str:
             "use postgresql://… or sqlite:///…"
         )
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    """The same database with a synchronous driver: psycopg2 (else psycopg 3), or pysqlite."""
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
+    for module, driver in (("psycopg2", "postgresql+psycopg2"), ("psycopg", "postgresql+psycopg")):
+        if importlib.util.find_spec(module) is not None:
+            return parsed.set(drivername=driver).render_as_string(hide_password=False)
+    raise ConfigError(
+        "synchronous effects on Postgres need a sync driver: pip install 'oncely[sync]' "
+        "(psycopg2), or install psycopg"
+    )
 
 
 def mask_url(url: str) -> str:
@@ -123,6 +142,8 @@ class Store:
             engine, sync_session_class=AttemptSession, expire_on_commit=False
         )
         self._schema_checked = False
+        self._sync_engine: sa.Engine | None = None
+        self._sync_sessions: sessionmaker[AttemptSession] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -142,6 +163,9 @@ class Store:
         """Close the pool if oncely built the engine (a user's engine is theirs to close)."""
         if self._owns_engine:
             await self.engine.dispose()
+        if self._sync_engine is not None:
+            self._sync_engine.dispose()
+            self._sync_engine = self._sync_sessions = None
 
     # -- errors -------------------------------------------------------------------------
 
@@ -268,6 +292,7 @@ class Store:
                 self.dialect.finish_statement,
                 {"claim_job": job, "claim_key": key, **self.dialect.now_params()},
             )
+            hooks.before_commit(job, key)
             hand_back(session.sync_session)
             await session.commit()
 
@@ -276,6 +301,73 @@ class Store:
         hand_back(session.sync_session)
         with contextlib.suppress(Exception):
             await session.rollback()
+
+    # -- effects: a key claimed by any caller (a queue's task body, a script) -----------
+
+    async def claim_effect(
+        self, session: AsyncSession, job: str, key: str, claimed_by: str
+    ) -> bool:
+        """Open the session's transaction and claim (job, key); True if the claim is ours.
+
+        Unlike `lock_and_claim` this waits for a concurrent holder of the same key to finish
+        (Postgres: the row lock; SQLite: the write lock, up to its busy timeout), so a
+        concurrent duplicate ends as a skip once the first commits, or runs if it rolled back.
+        """
+        with self.translate():
+            row = (await session.execute(self._claim_statement(job, key, claimed_by))).first()
+        return row is not None
+
+    @property
+    def sync_sessions(self) -> sessionmaker[AttemptSession]:
+        """Sessions on a synchronous engine for the same database, built on first use."""
+        if self._sync_sessions is None:
+            engine = sa.create_engine(
+                sync_url(self.engine.url.render_as_string(hide_password=False)),
+                **self.dialect.sync_engine_options(),
+            )
+            self.dialect.configure_sync_engine(engine)
+            self._sync_engine = engine
+            self._sync_sessions = sessionmaker(
+                engine, class_=AttemptSession, expire_on_commit=False
+            )
+        return self._sync_sessions
+
+    def claim_effect_sync(self, session: Session, job: str, key: str, claimed_by: str) -> bool:
+        """`claim_effect` on a synchronous session."""
+        with self.translate():
+            row = session.execute(self._claim_statement(job, key, claimed_by)).first()
+        return row is not None
+
+    def claim_in_sync(self, session: Session, job: str, key: str) -> Claim | None:
+        """The committed claim of a key, read in the given synchronous session."""
+        with self.translate():
+            row = session.execute(sql.get_claim(job, key)).first()
+        return _claim(row) if row is not None else None
+
+    def finish_sync(self, session: Session, job: str, key: str) -> None:
+        """`finish` on a synchronous session: stamp the end, commit work and claim together."""
+        with self.translate():
+            session.execute(sql.finish(job, key, self.dialect.now()))
+            hooks.before_commit(job, key)
+            hand_back(session)
+            session.commit()
+
+    def abandon_sync(self, session: Session) -> None:
+        """Roll a synchronous attempt back (claim included) and close its session."""
+        hand_back(session)
+        with contextlib.suppress(Exception):
+            session.rollback()
+        with contextlib.suppress(Exception):
+            session.close()
+
+    def _claim_statement(self, job: str, key: str, claimed_by: str) -> Any:
+        return sql.claim(self.dialect.insert(), job, key, None, claimed_by, self.dialect.now())
+
+    async def clear(self) -> int:
+        """Delete every claim (for test databases); how many there were."""
+        with self.translate():
+            async with self.engine.begin() as conn:
+                return int((await conn.execute(sql.clear())).rowcount)
 
     # -- the ledger ---------------------------------------------------------------------
 

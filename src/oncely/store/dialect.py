@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.dml import Insert
 
@@ -37,6 +38,13 @@ class Dialect(abc.ABC):
 
     def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
         """Set up an engine that oncely built itself (not a user's engine)."""
+
+    def sync_engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for `create_engine` for oncely's synchronous engine."""
+        return {}
+
+    def configure_sync_engine(self, engine: Engine) -> None:  # noqa: B027 - optional hook
+        """Set up the synchronous engine oncely builds for sync effects."""
 
     @abc.abstractmethod
     def insert(self) -> Any:

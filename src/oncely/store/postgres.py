@@ -93,6 +93,9 @@ class PostgresDialect(Dialect):
         event.listen(engine.sync_engine.pool, "checkin", _on_checkin)
         event.listen(engine.sync_engine.pool, "checkout", _on_checkout)
 
+    def sync_engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+
     def insert(self) -> Any:
         return postgresql.insert
 

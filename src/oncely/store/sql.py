@@ -110,6 +110,11 @@ def release(job: str, key: str) -> Any:
     return sa.delete(runs).where(runs.c.job == job, runs.c.key == key).returning(*runs.c)
 
 
+def clear() -> sa.Delete:
+    """Delete every claim (test databases only)."""
+    return sa.delete(runs)
+
+
 def schema_version() -> sa.Select[Any]:
     """The newest applied migration."""
     return sa.select(sa.func.max(schema_versions.c.version))

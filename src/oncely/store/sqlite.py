@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from .. import clock
@@ -63,9 +63,12 @@ class SQLiteDialect(Dialect):
         return {"pool_reset_on_return": None}  # see _on_reset
 
     def configure_engine(self, engine: AsyncEngine) -> None:
-        event.listen(engine.sync_engine, "connect", _on_connect)
-        event.listen(engine.sync_engine, "begin", _on_begin)
+        self.configure_sync_engine(engine.sync_engine)
         event.listen(engine.sync_engine.pool, "reset", _on_reset)
+
+    def configure_sync_engine(self, engine: Engine) -> None:
+        event.listen(engine, "connect", _on_connect)
+        event.listen(engine, "begin", _on_begin)
 
     def insert(self) -> Any:
         return sqlite.insert
