@@ -2,9 +2,11 @@
 
 A fenced block runs when the line before it is `<!-- oncely:runnable -->`; with
 `<!-- oncely:runnable file=NAME -->` a block is written to NAME instead (for the shell blocks
-after it). Each document's blocks run in order, in one fresh directory, with
-`ONCELY_DATABASE_URL` pointing at a SQLite file there. Every ```python block must be marked
-runnable or `<!-- oncely:not-runnable: why -->`, so an example cannot silently go stale.
+after it); `<!-- file: NAME -->` blocks belong to docs/testing.md's guide, which
+tests/testing/test_guide.py writes out and runs. Each document's blocks run in order, in one
+fresh directory, with `ONCELY_DATABASE_URL` pointing at a SQLite file there. Every ```python
+block must be marked runnable or `<!-- oncely:not-runnable: why -->`, so an example cannot
+silently go stale.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from tests.conftest import ROOT
 
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 MARK = re.compile(r"^<!-- oncely:(runnable|not-runnable)(?:(?: file=(\S+))|:[^>]*)? -->$")
+# Blocks written out and run as files by tests/testing/test_guide.py (docs/testing.md).
+GUIDE = re.compile(r"^<!-- file: [\w.]+ -->$")
 FENCE = re.compile(r"^```(\w*)\s*$")
 # Pages that other parts of the project are writing; links to them are checked once they exist.
 PENDING = {
@@ -55,14 +59,15 @@ def blocks(doc: Path) -> list[Block]:
         if fence is None:
             i += 1
             continue
-        mark = MARK.match(lines[i - 1].strip()) if i else None
+        before = lines[i - 1].strip() if i else ""
+        mark = MARK.match(before)
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         found.append(
             Block(
                 doc,
                 i + 1,
                 fence.group(1),
-                mark.group(1) if mark else None,
+                mark.group(1) if mark else ("guide" if GUIDE.match(before) else None),
                 mark.group(2) if mark else None,
                 "\n".join(lines[i + 1 : end]) + "\n",
             )
