@@ -13,12 +13,17 @@ from .errors import (
     DatabaseUnavailableError,
     JobTransactionError,
     OncelyError,
+    PayloadError,
     SchemaMissingError,
+    TaskStateError,
     UnknownJobError,
+    UnknownTaskError,
 )
-from .model import Claim, RunResult, RunStatus, Slot
+from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
+from .retry import Discard, GiveUp, Retry, RetryPolicy
 from .schedule import CronSchedule, EverySchedule, Schedule, cron, every
 from .store.claims import claim_run, claim_run_sync
+from .tasks import Task
 
 __version__ = "0.1.0"
 
@@ -29,16 +34,26 @@ __all__ = [
     "CronSchedule",
     "DatabaseError",
     "DatabaseUnavailableError",
+    "Discard",
     "EverySchedule",
+    "GiveUp",
     "JobTransactionError",
     "Oncely",
     "OncelyError",
+    "PayloadError",
+    "Retry",
+    "RetryPolicy",
     "RunResult",
     "RunStatus",
     "Schedule",
     "SchemaMissingError",
     "Slot",
+    "Task",
+    "TaskRecord",
+    "TaskState",
+    "TaskStateError",
     "UnknownJobError",
+    "UnknownTaskError",
     "__version__",
     "claim_run",
     "claim_run_sync",

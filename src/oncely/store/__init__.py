@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -38,6 +39,9 @@ from .postgres import PostgresDialect
 from .session import AttemptSession, hand_back, violation
 from .sqlite import READ_ONLY_OPTION, SQLiteDialect
 from .tables import metadata, schema_versions
+
+if TYPE_CHECKING:
+    from .task_store import TaskStore
 
 __all__ = [
     "LATEST",
@@ -129,6 +133,13 @@ class Store:
         engine = create_async_engine(full, **dialect.engine_options())
         dialect.configure_engine(engine)
         return cls(engine, owns_engine=True)
+
+    @functools.cached_property
+    def tasks(self) -> TaskStore:
+        """The task queue's statements on this store."""
+        from .task_store import TaskStore
+
+        return TaskStore(self)
 
     @property
     def display_url(self) -> str:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from .. import clock
 
 
 class ClaimOutcome(enum.Enum):
@@ -64,6 +68,19 @@ class Dialect(abc.ABC):
     def is_unavailable(self, exc: BaseException) -> bool:
         """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
         return False
+
+    def after(self, seconds: float) -> Any:
+        """A database-time expression for `seconds` from now (a lease's end)."""
+        return clock.utcnow() + timedelta(seconds=seconds)
+
+    def listener(
+        self, engine: AsyncEngine, on_notify: Callable[[], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify()` whenever tasks are enqueued, while the context is open.
+
+        Yields whether notifications work; without them workers rely on polling alone.
+        """
+        return contextlib.nullcontext(False)
 
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a driver error means another transaction holds the lock we asked for."""

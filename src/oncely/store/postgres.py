@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from .dialect import ClaimOutcome, Dialect
 from .tables import UTCDateTime
@@ -101,9 +104,72 @@ class PostgresDialect(Dialect):
             {"ns": LOCK_NAMESPACE, "id": _MIGRATION_LOCK},
         )
 
+    def after(self, seconds: float) -> Any:
+        return sa.func.clock_timestamp() + sa.func.make_interval(
+            0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)
+        )
+
+    def listener(
+        self, engine: AsyncEngine, on_notify: Callable[[], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        return _listen(engine, on_notify)
+
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
         code = _sqlstate(exc)
         return code is not None and code.startswith(_UNAVAILABLE_PREFIXES)
+
+
+TASKS_CHANNEL = "oncely_tasks"
+"""The LISTEN/NOTIFY channel that wakes idle workers when tasks are enqueued."""
+
+# One notification per INSERT statement, sent by the enqueueing transaction itself: it is
+# delivered iff that transaction commits, whichever client enqueued (oncely, psql, a trigger).
+TASKS_NOTIFY_DDL = (
+    f"""
+    CREATE OR REPLACE FUNCTION oncely_tasks_notify() RETURNS trigger AS $$
+    BEGIN
+        PERFORM pg_notify('{TASKS_CHANNEL}', '');
+        RETURN NULL;
+    END;
+    $$ LANGUAGE plpgsql
+    """,
+    "DROP TRIGGER IF EXISTS oncely_tasks_notify ON oncely_tasks",
+    """
+    CREATE TRIGGER oncely_tasks_notify AFTER INSERT ON oncely_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION oncely_tasks_notify()
+    """,
+)
+
+
+@contextlib.asynccontextmanager
+async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIterator[bool]:
+    """LISTEN on a connection of its own; yield False (poll only) if that is not possible."""
+
+    def callback(*_args: Any) -> None:
+        on_notify()
+
+    try:
+        conn = await engine.connect()
+    except Exception as exc:  # the worker still polls; its own connections report errors
+        logging.getLogger("oncely").warning("cannot LISTEN for new tasks (%s); polling", exc)
+        yield False
+        return
+    driver: Any = None
+    try:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        await driver.add_listener(TASKS_CHANNEL, callback)
+    except Exception as exc:
+        logging.getLogger("oncely").warning("cannot LISTEN for new tasks (%s); polling", exc)
+        driver = None
+    try:
+        yield driver is not None
+    finally:
+        if driver is not None:
+            with contextlib.suppress(Exception):
+                await driver.remove_listener(TASKS_CHANNEL, callback)
+        with contextlib.suppress(Exception):
+            await conn.close()

@@ -1,0 +1,314 @@
+"""The task queue's side of the store: enqueue in the caller's transaction, leases, batches.
+
+A worker runs a batch of leased tasks in ONE transaction: it first marks them succeeded with
+a compare-and-set on (id, lease_token), which also locks the rows, then runs each task in a
+savepoint of its own. A task that raises rolls back to its savepoint and its retry (or end)
+is recorded in the same transaction; a task whose lease was lost is not run at all. The
+commit lands every task's work together with its own ack: one effect per task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from ..model import TaskRecord, TaskState
+from . import tasks_sql
+from .claims import _raise_translated
+from .dialect import Dialect
+from .session import AttemptSession
+
+if TYPE_CHECKING:
+    from . import Store
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A task this worker holds a lease on: one attempt to run."""
+
+    id: int
+    task: str
+    args: dict[str, Any]
+    attempt: int
+    queue: str
+    token: str
+
+
+def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
+    """A task row as a TaskRecord."""
+    return TaskRecord(
+        id=row.id,
+        task=row.task,
+        queue=row.queue,
+        args=row.args,
+        state=TaskState(row.state),
+        attempt=row.attempt,
+        run_at=row.run_at,
+        created_at=row.created_at,
+        idempotency_key=row.idempotency_key,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        locked_by=row.locked_by,
+        lease_expires_at=row.lease_expires_at,
+        error=row.error,
+        duplicate=duplicate,
+    )
+
+
+def _rows(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    now = dialect.now()
+    rows = []
+    for entry in entries:
+        run_at = entry.get("run_at")
+        delay = entry.get("delay")
+        if run_at is None:
+            run_at = dialect.after(delay) if delay else now
+        rows.append(
+            {
+                "task": entry["task"],
+                "queue": entry["queue"],
+                "args": entry["args"],
+                "state": tasks_sql.AVAILABLE,
+                "attempt": 0,
+                "run_at": run_at,
+                "created_at": now,
+                "idempotency_key": entry.get("idempotency_key"),
+            }
+        )
+    return rows
+
+
+_CHUNK = 1000  # rows per INSERT: well under the drivers' bind-parameter limits
+
+
+def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(rows), _CHUNK):
+        yield rows[start : start + _CHUNK]
+
+
+def _merge(
+    entries: Sequence[dict[str, Any]], inserted: list[Any], existing: list[Any]
+) -> list[TaskRecord]:
+    """The records in the order of `entries`: new rows, then the existing ones for known keys."""
+    by_key = {(r.task, r.idempotency_key): record(r) for r in inserted if r.idempotency_key}
+    by_key.update(
+        {(r.task, r.idempotency_key): record(r, duplicate=True) for r in existing},
+    )
+    unkeyed = iter(sorted((r for r in inserted if not r.idempotency_key), key=lambda r: r.id))
+    out = []
+    seen: set[tuple[str, str]] = set()
+    for entry in entries:
+        key = entry.get("idempotency_key")
+        if key is None:
+            out.append(record(next(unkeyed)))
+            continue
+        rec = by_key[(entry["task"], key)]
+        if (entry["task"], key) in seen and not rec.duplicate:
+            rec = TaskRecord(**{**rec.__dict__, "duplicate": True})
+        seen.add((entry["task"], key))
+        out.append(rec)
+    return out
+
+
+def _missing(entries: Sequence[dict[str, Any]], inserted: list[Any]) -> dict[str, list[str]]:
+    new = {(r.task, r.idempotency_key) for r in inserted}
+    missing: dict[str, list[str]] = {}
+    for entry in entries:
+        key = entry.get("idempotency_key")
+        if key is not None and (entry["task"], key) not in new:
+            missing.setdefault(entry["task"], []).append(key)
+    return missing
+
+
+async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+    """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
+
+    Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
+    """
+    from . import dialect_for
+
+    conn = await session.connection()
+    dialect = dialect_for(conn.dialect.name)
+    try:
+        inserted: list[Any] = []
+        for chunk in _chunks(_rows(dialect, entries)):
+            inserted += (await session.execute(tasks_sql.enqueue(dialect.insert(), chunk))).all()
+        existing: list[Any] = []
+        for task, keys in _missing(entries, inserted).items():
+            existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
+    except DBAPIError as exc:
+        _raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
+def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+    """`enqueue` for a synchronous Session (Django, Flask, scripts)."""
+    from . import dialect_for
+
+    dialect = dialect_for(session.connection().dialect.name)
+    try:
+        inserted: list[Any] = []
+        for chunk in _chunks(_rows(dialect, entries)):
+            inserted += session.execute(tasks_sql.enqueue(dialect.insert(), chunk)).all()
+        existing: list[Any] = []
+        for task, keys in _missing(entries, inserted).items():
+            existing += session.execute(tasks_sql.by_keys(task, keys)).all()
+    except DBAPIError as exc:
+        _raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
+class Batch:
+    """One transaction running several leased tasks, each in a savepoint of its own."""
+
+    def __init__(self, conn: AsyncConnection, dialect: Dialect) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    def session(self) -> AsyncSession:
+        """A session for one task: its first statement opens a savepoint in the batch."""
+        return AsyncSession(
+            bind=self.conn,
+            join_transaction_mode="create_savepoint",
+            sync_session_class=AttemptSession,
+            expire_on_commit=False,
+        )
+
+    async def ack_in(self, session: AsyncSession, item: Leased) -> bool:
+        """In the task's savepoint, after its work: mark it succeeded iff the lease is ours."""
+        stmt = tasks_sql.ack([item.id], item.token, self.dialect.now())
+        return (await session.execute(stmt)).first() is not None
+
+    async def ack(self, leased: Sequence[Leased]) -> set[int]:
+        """Mark tasks that did no database work succeeded iff their leases are still ours."""
+        held: set[int] = set()
+        by_token: dict[str, list[int]] = {}
+        for item in leased:
+            by_token.setdefault(item.token, []).append(item.id)
+        for token, ids in by_token.items():
+            rows = await self.conn.execute(tasks_sql.ack(ids, token, self.dialect.now()))
+            held.update(r.id for r in rows)
+        return held
+
+    async def outcome(
+        self, item: Leased, state: TaskState, wait: float | None, error: str | None
+    ) -> bool:
+        """Record a task's retry (in `wait` seconds) or end, after its savepoint rolled back;
+        False if the lease is no longer ours (nothing recorded)."""
+        run_at = self.dialect.after(wait) if wait is not None else None
+        stmt = tasks_sql.record_outcome(
+            item.id, item.token, state.value, run_at, error, self.dialect.now()
+        )
+        return bool((await self.conn.execute(stmt)).rowcount)
+
+
+class TaskStore:
+    """Leases, batches and the operator's views of the oncely_tasks table."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.dialect = store.dialect
+
+    async def fetch(
+        self,
+        conn: AsyncConnection,
+        queues: Sequence[str] | None,
+        limit: int,
+        token: str,
+        by: str,
+        lease: float,
+    ) -> list[Leased]:
+        """Lease up to `limit` due tasks in a transaction of their own (the attempt counts)."""
+        dialect = self.dialect
+        stmt = tasks_sql.fetch(queues, limit, token, by, dialect.now(), dialect.after(lease))
+        with self.store.translate():
+            async with conn.begin():
+                rows = (await conn.execute(stmt)).all()
+        leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+        leased.sort(key=lambda item: item.id)
+        return leased
+
+    @contextlib.asynccontextmanager
+    async def batch(self, conn: AsyncConnection) -> AsyncIterator[Batch]:
+        """A transaction on `conn` that commits on a normal exit and rolls back otherwise."""
+        with self.store.translate():
+            async with conn.begin():
+                yield Batch(conn, self.dialect)
+
+    async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
+        """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""
+        if not leased:
+            return set()
+        stmt = tasks_sql.heartbeat(
+            [t.id for t in leased], sorted({t.token for t in leased}), self.dialect.after(lease)
+        )
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                return {r.id for r in await conn.execute(stmt)}
+
+    async def release(self, leased: Sequence[Leased], *, started: bool = False) -> None:
+        """Give back leased tasks at once; `started=False` does not count the attempt."""
+        by_token: dict[str, list[int]] = {}
+        for item in leased:
+            by_token.setdefault(item.token, []).append(item.id)
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                for token, ids in by_token.items():
+                    await conn.execute(
+                        tasks_sql.release(ids, token, self.dialect.now(), started=started)
+                    )
+
+    async def rescue(self, limit: int = 1000) -> list[Any]:
+        """Make tasks with an expired lease available again; (id, task, attempt, locked_by)."""
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                return list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
+
+    # -- the operator's views -----------------------------------------------------------
+
+    async def listing(
+        self, state: TaskState | None, task: str | None, limit: int
+    ) -> list[TaskRecord]:
+        """Tasks newest first."""
+        stmt = tasks_sql.listing(state.value if state else None, task, limit)
+        return [record(r) for r in await self.store._read(stmt)]
+
+    async def get(self, task_id: int) -> TaskRecord | None:
+        """One task, or None."""
+        rows = await self.store._read(tasks_sql.get(task_id))
+        return record(rows[0]) if rows else None
+
+    async def _change(self, stmt: Any) -> TaskRecord | None:
+        await self.store.ensure_schema()
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                row = (await conn.execute(stmt)).first()
+        return record(row) if row is not None else None
+
+    async def retry_now(self, task_id: int) -> TaskRecord | None:
+        """Make a dead, discarded or waiting task run now; None if it is in no such state."""
+        return await self._change(tasks_sql.retry_now(task_id, self.dialect.now()))
+
+    async def discard(self, task_id: int) -> TaskRecord | None:
+        """Discard a task that has not succeeded; None if it is in no such state."""
+        return await self._change(tasks_sql.discard(task_id, self.dialect.now()))
+
+    async def prune(self, before: datetime) -> tuple[int, int]:
+        """Delete tasks finished before `before` and claims made before it; (tasks, claims)."""
+        await self.store.ensure_schema()
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                pruned_tasks = (await conn.execute(tasks_sql.prune_tasks(before))).rowcount
+                pruned_claims = (await conn.execute(tasks_sql.prune_claims(before))).rowcount
+        return int(pruned_tasks or 0), int(pruned_claims or 0)
+
+    async def count(self) -> dict[str, int]:
+        """How many tasks are in each state."""
+        return {r[0]: int(r[1]) for r in await self.store._read(tasks_sql.counts())}
