@@ -165,6 +165,22 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     return _merge(entries, inserted, existing)
 
 
+async def _lease(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    queues: Sequence[str] | None,
+    limit: int,
+    token: str,
+    by: str,
+    lease: float,
+) -> list[Leased]:
+    stmt = tasks_sql.fetch(queues, limit, token, by, dialect.now(), dialect.after(lease))
+    rows = (await conn.execute(stmt)).all()
+    leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+    leased.sort(key=lambda item: item.id)
+    return leased
+
+
 class Batch:
     """One transaction running several leased tasks, each in a savepoint of its own."""
 
@@ -197,6 +213,13 @@ class Batch:
             held.update(r.id for r in rows)
         return held
 
+    async def lease(
+        self, queues: Sequence[str] | None, limit: int, token: str, by: str, lease: float
+    ) -> list[Leased]:
+        """Lease the next tasks in this transaction: they commit with this batch's acks, so a
+        busy worker pays one commit per batch, not two."""
+        return await _lease(self.conn, self.dialect, queues, limit, token, by, lease)
+
     async def outcome(
         self, item: Leased, state: TaskState, wait: float | None, error: str | None
     ) -> bool:
@@ -226,14 +249,9 @@ class TaskStore:
         lease: float,
     ) -> list[Leased]:
         """Lease up to `limit` due tasks in a transaction of their own (the attempt counts)."""
-        dialect = self.dialect
-        stmt = tasks_sql.fetch(queues, limit, token, by, dialect.now(), dialect.after(lease))
         with self.store.translate():
             async with conn.begin():
-                rows = (await conn.execute(stmt)).all()
-        leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
-        leased.sort(key=lambda item: item.id)
-        return leased
+                return await _lease(conn, self.dialect, queues, limit, token, by, lease)
 
     @contextlib.asynccontextmanager
     async def batch(self, conn: AsyncConnection) -> AsyncIterator[Batch]:
