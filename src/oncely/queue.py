@@ -67,7 +67,7 @@ class _Lane:
         worker = self.worker
         while not stopping.is_set():
             try:
-                async with worker.store.engine.connect() as conn:
+                async with worker.lanes.connect() as conn:
                     await self._loop(conn, stopping)
             except (DatabaseUnavailableError, OSError) as exc:
                 events.emit(
@@ -129,6 +129,8 @@ class Worker:
         self.poll = poll
         self.by = replica_id()
         self.wake = asyncio.Event()
+        self.lanes = self.store.engine
+        """Where lanes (and the listener) get their long-lived connections."""
         self.held: dict[int, Leased] = {}
         """Leased tasks not yet finished: what the heartbeat renews."""
         self._prefix = uuid.uuid4().hex[:16]
@@ -161,7 +163,15 @@ class Worker:
     async def consume(self, stopping: asyncio.Event) -> None:
         """Run until `stopping` is set and in-flight batches finish; cancelling rolls them back."""
         await self.store.ensure_schema()
-        async with self.store.dialect.listener(self.store.engine, self.notify):
+        self.lanes = self.store.dedicated_engine()
+        try:
+            await self._consume(stopping)
+        finally:
+            if self.lanes is not self.store.engine:
+                await self.lanes.dispose()
+
+    async def _consume(self, stopping: asyncio.Event) -> None:
+        async with self.store.dialect.listener(self.lanes, self.notify):
             helpers = [
                 asyncio.create_task(self._heartbeat(stopping)),
                 asyncio.create_task(self._rescuer(stopping)),
@@ -265,17 +275,14 @@ class Worker:
                 raise LookupError(f"no task {item.task!r} is registered in this worker's app")
             await _call(task, session, item.args)
             await session.flush()
-            if session.in_transaction():
+            if batch.touched(session):
                 if not await batch.ack_in(session, item):
                     raise LeaseLost()
-                hand_back(session.sync_session)
-                await session.commit()
                 after.append(_succeeded(item, time.perf_counter() - started))
             else:
                 untouched.append((item, time.perf_counter() - started))
         except Exception as exc:
-            hand_back(session.sync_session)
-            await session.rollback()
+            await batch.undo(session)
             if isinstance(exc, LeaseLost):
                 after.append(_lost(item))
                 return

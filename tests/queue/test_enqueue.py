@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
-from conftest import effects, in_tx  # type: ignore[import-not-found]
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from conftest import effects, in_tx  # type: ignore[import-not-found]
 from oncely import BadInputError, ConfigError, Oncely, PayloadError, SchemaMissingError, TaskState
 from oncely.queue import list_tasks
 
@@ -31,32 +31,35 @@ async def count(app: Oncely) -> int:
 
 async def test_queue_tasks_take_effect_once_enqueue_then_rollback_no_task(app: Oncely) -> None:
     charge = _tasks(app)
-    async with AsyncSession(app.store.engine) as db:
-        async with db.begin():
-            rec = await charge.enqueue(db, order_id=1)
-            assert rec.state is TaskState.AVAILABLE and rec.args == {"order_id": 1}
-            await db.rollback()
+    async with AsyncSession(app.store.engine) as db, db.begin():
+        rec = await charge.enqueue(db, order_id=1)
+        assert rec.state is TaskState.AVAILABLE and rec.args == {"order_id": 1}
+        await db.rollback()
     assert await count(app) == 0
     await in_tx(app, lambda db: charge.enqueue(db, order_id=2))
     (only,) = await list_tasks(app)
     assert only.args == {"order_id": 2} and only.task == "charge" and only.attempt == 0
 
 
-async def test_duplicates_are_observable_same_idempotency_key_twice(
-    app: Oncely, recorded
-) -> None:  # type: ignore[no-untyped-def]
+async def test_duplicates_are_observable_same_idempotency_key_twice(app: Oncely, recorded) -> None:  # type: ignore[no-untyped-def]
     charge = _tasks(app)
     first = await in_tx(app, lambda db: charge.enqueue(db, order_id=42, idempotency_key="c:42"))
     second = await in_tx(app, lambda db: charge.enqueue(db, order_id=42, idempotency_key="c:42"))
     assert not first.duplicate and second.duplicate and second.id == first.id
     assert await count(app) == 1
     (dup,) = recorded.named("task.duplicate")
-    assert dup == {"task": "charge", "id": first.id, "idempotency_key": "c:42", "state": "available"}
+    assert dup == {
+        "task": "charge",
+        "id": first.id,
+        "idempotency_key": "c:42",
+        "state": "available",
+    }
     # The key is unique among all retained tasks, not only active ones.
     async with app.store.engine.begin() as conn:
         await conn.execute(sa.text("UPDATE oncely_tasks SET state = 'succeeded'"))
     third = await in_tx(app, lambda db: charge.enqueue(db, order_id=42, idempotency_key="c:42"))
     assert third.duplicate and third.state is TaskState.SUCCEEDED and await count(app) == 1
+
     # The same key under another task is another task.
     @app.task
     async def refund(db, order_id: int):  # type: ignore[no-untyped-def]

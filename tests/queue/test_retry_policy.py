@@ -55,9 +55,9 @@ def test_retries_follow_the_policy_exact_schedule_with_a_seed() -> None:
 
 
 def test_retries_follow_the_policy_backoffs_and_caps() -> None:
-    assert RetryPolicy(wait=5, backoff="fixed", jitter=0).decide(
-        RuntimeError(), 7, NOW
-    ) == Retry(at=NOW + timedelta(seconds=5), wait=5.0)
+    assert RetryPolicy(wait=5, backoff="fixed", jitter=0).decide(RuntimeError(), 7, NOW) == Retry(
+        at=NOW + timedelta(seconds=5), wait=5.0
+    )
     exp = RetryPolicy(wait=timedelta(seconds=2), backoff="exponential", jitter=0)
     assert [exp.base_wait(a) for a in (1, 2, 3, 4)] == [2, 4, 8, 16]
     capped = RetryPolicy(wait=10, backoff="exponential", jitter=0.1, max_wait=60, seed=1)

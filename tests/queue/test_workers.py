@@ -14,9 +14,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from tests.apps.queue_app import EFFECTS_DDL, hang, record, stall
 from tests.apps.queue_soak import soak
+from tests.apps.queue_soak import sync_engine as soak_engine
 from tests.conftest import ROOT, run_cli
 
-WORKER = [sys.executable, str(ROOT / "tests" / "apps" / "queue_worker.py"), "tests.apps.queue_app:app"]
+WORKER = [
+    sys.executable,
+    str(ROOT / "tests" / "apps" / "queue_worker.py"),
+    "tests.apps.queue_app:app",
+]
 
 
 @pytest.fixture
@@ -26,6 +31,10 @@ def env(db_url: str, sync_engine: sa.Engine, tmp_path: Path) -> dict[str, str]:
     with sync_engine.begin() as conn:
         conn.exec_driver_sql(EFFECTS_DDL)
     return env
+
+
+def sync_url(url: str) -> str:
+    return soak_engine(url).url.render_as_string(hide_password=False)
 
 
 def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -76,8 +85,10 @@ def test_queue_tasks_take_effect_once_worker_sigkilled_mid_task(
     (tmp_path / "release").touch()
     second = start(env, "--lease", "1", "--concurrency", "1")
     wait_until(
-        lambda: rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
-        == [("succeeded",)],
+        lambda: (
+            rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
+            == [("succeeded",)]
+        ),
         "the second worker to finish the task",
     )
     code, err = stop(second)
@@ -103,8 +114,10 @@ def test_queue_tasks_take_effect_once_lease_stolen_from_a_stalled_worker(
     stalled_file = wait_until(lambda: sorted(tmp_path.glob("stalling-*")), "a worker to stall")
     stalled_pid = int(stalled_file[0].name.split("-")[1])
     wait_until(
-        lambda: rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
-        == [("succeeded",)],
+        lambda: (
+            rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
+            == [("succeeded",)]
+        ),
         "the other worker to take the task over",
     )
     (tmp_path / "release").touch()  # the stalled worker wakes up and tries to ack
@@ -124,27 +137,23 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
             record.enqueue_sync(session, n=n)
     workers = [start(env, "--concurrency", "3", "--batch", "5") for _ in range(3)]
     wait_until(
-        lambda: rows(sync_engine, "SELECT count(*) FROM oncely_tasks WHERE state = 'succeeded'")
-        == [(300,)],
+        lambda: (
+            rows(sync_engine, "SELECT count(*) FROM oncely_tasks WHERE state = 'succeeded'")
+            == [(300,)]
+        ),
         "300 tasks",
     )
     assert all(stop(p)[0] == 0 for p in workers)
     assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]
 
 
-def test_queue_tasks_take_effect_once_soak(db_url: str, env: dict[str, str], tmp_path: Path) -> None:
+def test_queue_tasks_take_effect_once_soak(
+    db_url: str, env: dict[str, str], tmp_path: Path
+) -> None:
     """3 workers, 10 % transient failures, a SIGKILL every 2 s (short form of the soak)."""
-    with sa.create_engine("sqlite://").connect():
-        pass
-    # `env` migrated the database and created `effects`; the soak recreates it if needed.
-    engine = sa.create_engine(
-        db_url.replace("postgresql://", "postgresql+psycopg2://", 1)
-        if db_url.startswith("postgresql")
-        else db_url
-    )
-    with engine.begin() as conn:
+    # `env` migrated the database; the soak creates `effects` itself.
+    with sa.create_engine(sync_url(db_url)).begin() as conn:
         conn.exec_driver_sql("DROP TABLE effects")
-    engine.dispose()
     result = soak(db_url, tasks=1500, workers=3, kill_every=2.0, timeout=240, signals=tmp_path)
     assert result.problems == []
     assert result.kills >= 1 and result.retries > 0

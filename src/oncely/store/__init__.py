@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import NullPool
 
 from ..errors import (
     BadInputError,
@@ -133,6 +134,16 @@ class Store:
         engine = create_async_engine(full, **dialect.engine_options())
         dialect.configure_engine(engine)
         return cls(engine, owns_engine=True)
+
+    def dedicated_engine(self) -> AsyncEngine:
+        """An engine whose connections are opened for one holder each (a worker's lanes, which
+        keep theirs for their lifetime); a user's own engine is shared as it is."""
+        if not self._owns_engine:
+            return self.engine
+        options = {k: v for k, v in self.dialect.engine_options().items() if k != "pool_pre_ping"}
+        engine = create_async_engine(self.engine.url, poolclass=NullPool, **options)
+        self.dialect.configure_engine(engine)
+        return engine
 
     @functools.cached_property
     def tasks(self) -> TaskStore:

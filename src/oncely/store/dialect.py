@@ -69,6 +69,16 @@ class Dialect(abc.ABC):
         """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
         return False
 
+    database_clock = False
+    """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
+
+    def due_at(self, run_at: Any, delay: Any) -> Any:
+        """A task's run_at from the bound `run_at` (a time or NULL) and `delay` (seconds).
+
+        Without a database clock the caller binds the time itself and `delay` is unused.
+        """
+        return run_at
+
     def after(self, seconds: float) -> Any:
         """A database-time expression for `seconds` from now (a lease's end)."""
         return clock.utcnow() + timedelta(seconds=seconds)

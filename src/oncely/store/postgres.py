@@ -104,6 +104,13 @@ class PostgresDialect(Dialect):
             {"ns": LOCK_NAMESPACE, "id": _MIGRATION_LOCK},
         )
 
+    database_clock = True
+
+    def due_at(self, run_at: Any, delay: Any) -> Any:
+        return sa.func.coalesce(
+            run_at, sa.func.clock_timestamp() + sa.func.make_interval(0, 0, 0, 0, 0, 0, delay)
+        )
+
     def after(self, seconds: float) -> Any:
         return sa.func.clock_timestamp() + sa.func.make_interval(
             0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)

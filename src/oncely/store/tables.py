@@ -84,9 +84,16 @@ tasks = sa.Table(
 )
 # An idempotency key is unique per task among all retained rows, whatever their state.
 sa.Index("oncely_tasks_idempotency", tasks.c.task, tasks.c.idempotency_key, unique=True)
-# What a worker fetches: due, available tasks of its queues, oldest first.
+# What a worker fetches: due, available tasks (of its queues), oldest first.
 sa.Index(
     "oncely_tasks_due",
+    tasks.c.run_at,
+    tasks.c.id,
+    postgresql_where=tasks.c.state == "available",
+    sqlite_where=tasks.c.state == "available",
+)
+sa.Index(
+    "oncely_tasks_due_by_queue",
     tasks.c.queue,
     tasks.c.run_at,
     tasks.c.id,

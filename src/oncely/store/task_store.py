@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from .. import clock
 from ..model import TaskRecord, TaskState
 from . import tasks_sql
 from .claims import _raise_translated
@@ -62,27 +65,30 @@ def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
     )
 
 
-def _rows(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    now = dialect.now()
-    rows = []
+def _statement(dialect: Dialect) -> Any:
+    run_at, delay = tasks_sql.enqueue_times()
+    return tasks_sql.enqueue(dialect.insert(), dialect.now(), dialect.due_at(run_at, delay))
+
+
+def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    now = None if dialect.database_clock else clock.utcnow()
+    params = []
     for entry in entries:
         run_at = entry.get("run_at")
-        delay = entry.get("delay")
-        if run_at is None:
-            run_at = dialect.after(delay) if delay else now
-        rows.append(
+        delay = float(entry.get("delay") or 0.0)
+        if run_at is None and now is not None:
+            run_at = now + timedelta(seconds=delay)
+        params.append(
             {
-                "task": entry["task"],
-                "queue": entry["queue"],
-                "args": entry["args"],
-                "state": tasks_sql.AVAILABLE,
-                "attempt": 0,
-                "run_at": run_at,
-                "created_at": now,
-                "idempotency_key": entry.get("idempotency_key"),
+                "p_task": entry["task"],
+                "p_queue": entry["queue"],
+                "p_args": entry["args"],
+                "p_key": entry.get("idempotency_key"),
+                "p_run_at": run_at,
+                "p_delay": delay,
             }
         )
-    return rows
+    return params
 
 
 _CHUNK = 1000  # rows per INSERT: well under the drivers' bind-parameter limits
@@ -138,8 +144,9 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
     dialect = dialect_for(conn.dialect.name)
     try:
         inserted: list[Any] = []
-        for chunk in _chunks(_rows(dialect, entries)):
-            inserted += (await session.execute(tasks_sql.enqueue(dialect.insert(), chunk))).all()
+        stmt = _statement(dialect)
+        for chunk in _chunks(_params(dialect, entries)):
+            inserted += (await session.execute(stmt, chunk)).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
             existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
@@ -155,8 +162,9 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     dialect = dialect_for(session.connection().dialect.name)
     try:
         inserted: list[Any] = []
-        for chunk in _chunks(_rows(dialect, entries)):
-            inserted += session.execute(tasks_sql.enqueue(dialect.insert(), chunk)).all()
+        stmt = _statement(dialect)
+        for chunk in _chunks(_params(dialect, entries)):
+            inserted += session.execute(stmt, chunk).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
             existing += session.execute(tasks_sql.by_keys(task, keys)).all()
@@ -181,26 +189,54 @@ async def _lease(
     return leased
 
 
+SAVEPOINT = "oncely_task"
+_TOUCHED = "oncely.touched"
+
+
+class TaskSession(AttemptSession):
+    """A task's session inside a batch: its first statement opens the task's savepoint."""
+
+
+@event.listens_for(TaskSession, "after_begin")
+def _open_savepoint(session: Session, _transaction: Any, connection: Connection) -> None:
+    # Lazily, so a task that never touches the database costs no round trip. The name is
+    # constant (one prepared statement); savepoints are not released, so they nest, and
+    # ROLLBACK TO reaches the newest one: the failing task's own.
+    connection.exec_driver_sql(f"SAVEPOINT {SAVEPOINT}")
+    session.info[_TOUCHED] = True
+
+
 class Batch:
     """One transaction running several leased tasks, each in a savepoint of its own."""
 
-    def __init__(self, conn: AsyncConnection, dialect: Dialect) -> None:
+    def __init__(self, conn: AsyncConnection, dialect: Dialect, ack_one: Any) -> None:
         self.conn = conn
         self.dialect = dialect
+        self._ack_one = ack_one
 
     def session(self) -> AsyncSession:
-        """A session for one task: its first statement opens a savepoint in the batch."""
+        """A session for one task; it never commits or rolls back the batch's transaction."""
         return AsyncSession(
             bind=self.conn,
-            join_transaction_mode="create_savepoint",
-            sync_session_class=AttemptSession,
+            join_transaction_mode="rollback_only",
+            sync_session_class=TaskSession,
             expire_on_commit=False,
         )
 
+    @staticmethod
+    def touched(session: AsyncSession) -> bool:
+        """Whether the task's session ran a statement (and so opened its savepoint)."""
+        return bool(session.sync_session.info.get(_TOUCHED))
+
     async def ack_in(self, session: AsyncSession, item: Leased) -> bool:
         """In the task's savepoint, after its work: mark it succeeded iff the lease is ours."""
-        stmt = tasks_sql.ack([item.id], item.token, self.dialect.now())
-        return (await session.execute(stmt)).first() is not None
+        params = {"p_id": item.id, "p_token": item.token}
+        return (await session.execute(self._ack_one, params)).first() is not None
+
+    async def undo(self, session: AsyncSession) -> None:
+        """Roll the task's work back to its savepoint (the batch's other work stays)."""
+        if self.touched(session):
+            await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
 
     async def ack(self, leased: Sequence[Leased]) -> set[int]:
         """Mark tasks that did no database work succeeded iff their leases are still ours."""
@@ -238,6 +274,7 @@ class TaskStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.dialect = store.dialect
+        self._ack_one = tasks_sql.ack_one(self.dialect.now())
 
     async def fetch(
         self,
@@ -258,7 +295,7 @@ class TaskStore:
         """A transaction on `conn` that commits on a normal exit and rolls back otherwise."""
         with self.store.translate():
             async with conn.begin():
-                yield Batch(conn, self.dialect)
+                yield Batch(conn, self.dialect, self._ack_one)
 
     async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
         """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""

@@ -27,13 +27,31 @@ FINISHED = (SUCCEEDED, DISCARDED, DEAD)
 _FETCHED = (tasks.c.id, tasks.c.task, tasks.c.args, tasks.c.attempt, tasks.c.queue)
 
 
-def enqueue(insert: Any, rows: Sequence[dict[str, Any]]) -> Any:
-    """Insert tasks; a row whose (task, idempotency_key) exists is skipped. RETURNING new rows."""
+def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
+    """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay);
+    a row whose (task, idempotency_key) exists is skipped. RETURNING the new rows."""
     return (
         insert(tasks)
-        .values(list(rows))
+        .values(
+            task=sa.bindparam("p_task"),
+            queue=sa.bindparam("p_queue"),
+            args=sa.bindparam("p_args", type_=tasks.c.args.type),
+            state=AVAILABLE,
+            attempt=0,
+            run_at=run_at,
+            created_at=created_at,
+            idempotency_key=sa.bindparam("p_key", type_=sa.String()),
+        )
         .on_conflict_do_nothing(index_elements=[tasks.c.task, tasks.c.idempotency_key])
         .returning(*tasks.c)
+    )
+
+
+def enqueue_times() -> tuple[Any, Any]:
+    """The bound run_at (a time or NULL) and delay (seconds) of an enqueue's parameter set."""
+    return (
+        sa.bindparam("p_run_at", type_=tasks.c.run_at.type),
+        sa.bindparam("p_delay", type_=sa.Float()),
     )
 
 
@@ -80,6 +98,20 @@ def ack(ids: Sequence[int], token: str, now: Any) -> Any:
     return (
         sa.update(tasks)
         .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
+        .returning(tasks.c.id)
+    )
+
+
+def ack_one(now: Any) -> sa.Update:
+    """`ack` for one task, built once: bound p_id and p_token (the hot path of a worker)."""
+    return (
+        sa.update(tasks)
+        .where(
+            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
+            tasks.c.state == RUNNING,
+        )
         .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
         .returning(tasks.c.id)
     )
