@@ -369,6 +369,12 @@ async def main() -> None:
     parser.add_argument("--concurrency", default="1,10,50")
     parser.add_argument("--samples", type=int, default=200, help="latency samples")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--procrastinate-tasks",
+        type=int,
+        default=5_000,
+        help="tasks per procrastinate drain (it drains one job per round trip: minutes at 20k)",
+    )
     parser.add_argument("--systems", default="oncely,pgqueuer,procrastinate")
     args = parser.parse_args()
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
@@ -394,7 +400,10 @@ async def main() -> None:
         for task in ("noop", "one_row"):
             for concurrency in concurrencies:
                 for system in systems:
-                    rate = await drain(system, task, args.tasks, concurrency)
+                    count = (
+                        args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
+                    )
+                    rate = await drain(system, task, count, concurrency)
                     keep(system, f"drain {task} c={concurrency} /s", rate, max)
         for system in systems:
             p50, p99 = await latency(system, args.samples)
@@ -408,7 +417,10 @@ async def main() -> None:
 def print_table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     names = list(results)
     metrics = list(next(iter(results.values())))
-    print(f"\n{args.tasks} tasks, best of {args.rounds} rounds, {args.samples} latency samples\n")
+    print(
+        f"\n{args.tasks} tasks per drain ({args.procrastinate_tasks} for procrastinate), "
+        f"best of {args.rounds} rounds, {args.samples} latency samples\n"
+    )
     header = "| metric | " + " | ".join(names) + " |"
     if "oncely" in names and "pgqueuer" in names:
         header += " oncely / pgqueuer |"

@@ -195,7 +195,7 @@ class Worker:
         leftover = list(self.held.values())
         self.held.clear()
         with contextlib.suppress(Exception):
-            await asyncio.shield(self.store.tasks.release(leftover))
+            await asyncio.shield(self.store.tasks.release(leftover, started=True))
 
     async def run_batch(
         self, conn: AsyncConnection, leased: list[Leased], stopping: asyncio.Event | None = None
