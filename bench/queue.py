@@ -60,15 +60,20 @@ async def fresh_database(base: str, name: str) -> str:
 
 async def wait_empty(dsn: str, query: str, timeout: float = 600) -> None:
     """Wait until `query` (a count of pending jobs, on a partial index) says 0."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        deadline = time.monotonic() + timeout
-        while await conn.fetchval(query):
-            if time.monotonic() > deadline:
-                raise TimeoutError(query)
-            await asyncio.sleep(0.02)
-    finally:
-        await conn.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = await asyncpg.connect(dsn)
+        try:
+            while await conn.fetchval(query):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(query)
+                await asyncio.sleep(0.02)
+            return
+        except asyncpg.InterfaceError:
+            continue  # a broken connection: poll on a new one
+        finally:
+            await conn.close()
+    raise TimeoutError(query)
 
 
 class System:
@@ -116,15 +121,22 @@ class Oncely(System):
             await db.execute(insert, {"n": n})
 
         self.tasks = {"noop": noop, "one_row": one_row}
+        self.held: Any = None
 
     async def reset(self) -> None:
+        if self.held is not None:
+            await self.held.close()
+            self.held = None
         conn = await asyncpg.connect(self.dsn)
         await conn.execute("TRUNCATE oncely_tasks, bench_effects")
         await conn.close()
 
     async def enqueue_one(self, task: str, n: int) -> None:
-        async with self.session(self.app.store.engine) as db, db.begin():
-            await self.tasks[task].enqueue(db, n=n)
+        # One transaction per task on a held session (the peers hold a connection too).
+        if self.held is None:
+            self.held = self.session(self.app.store.engine)
+        async with self.held.begin():
+            await self.tasks[task].enqueue(self.held, n=n)
 
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         async with self.session(self.app.store.engine) as db, db.begin():
@@ -154,6 +166,8 @@ class Oncely(System):
         return stop
 
     async def close(self) -> None:
+        if self.held is not None:
+            await self.held.close()
         await self.app.aclose()
 
 

@@ -77,6 +77,7 @@ class Task:
         self.timeout = timeout
         self.is_async = inspect.iscoroutinefunction(func)
         self._signature = inspect.signature(func)
+        self._bindable: set[frozenset[str]] = set()
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
 
@@ -100,8 +101,11 @@ class Task:
         args = dict(kwargs)
         for name, value in args.items():
             check_json(value, f"task {self.name!r}: argument {name!r}")
+        names = frozenset(args)
         try:
-            self._signature.bind(None, **args)
+            if names not in self._bindable:  # checked once per set of argument names
+                self._signature.bind(None, **args)
+                self._bindable.add(names)
         except TypeError as exc:
             raise PayloadError(
                 f"task {self.name!r} cannot take these arguments: {exc} "
@@ -145,7 +149,7 @@ class Task:
     def _entries(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entries = []
         for item in items:
-            if not isinstance(item, Mapping):
+            if type(item) is not dict and not isinstance(item, Mapping):
                 raise PayloadError(f"task {self.name!r}: enqueue_many takes dicts, got {item!r}")
             kwargs = {k: v for k, v in item.items() if k not in RESERVED}
             entries.append(

@@ -79,6 +79,11 @@ class Dialect(abc.ABC):
         """
         return run_at
 
+    def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+        """One statement and its parameters inserting all these tasks, if the database has a
+        faster way than an executemany of `tasks_sql.enqueue` (None: it has not)."""
+        return None
+
     def after(self, seconds: float) -> Any:
         """A database-time expression for `seconds` from now (a lease's end)."""
         return clock.utcnow() + timedelta(seconds=seconds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -111,6 +112,16 @@ class PostgresDialect(Dialect):
             run_at, sa.func.clock_timestamp() + sa.func.make_interval(0, 0, 0, 0, 0, 0, delay)
         )
 
+    def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+        return ENQUEUE, {
+            "tasks": [p["p_task"] for p in params],
+            "queues": [p["p_queue"] for p in params],
+            "args": [json.dumps(p["p_args"]) for p in params],
+            "keys": [p["p_key"] for p in params],
+            "run_ats": [p["p_run_at"] for p in params],
+            "delays": [p["p_delay"] for p in params],
+        }
+
     def after(self, seconds: float) -> Any:
         return sa.func.clock_timestamp() + sa.func.make_interval(
             0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)
@@ -180,3 +191,38 @@ async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIt
                 await driver.remove_listener(TASKS_CHANNEL, callback)
         with contextlib.suppress(Exception):
             await conn.close()
+
+
+# Enqueue any number of tasks in one round trip: one array per column, unnested in input order
+# (ids follow it), existing (task, idempotency_key) pairs skipped.
+ENQUEUE = (
+    sa.text(
+        """
+        INSERT INTO oncely_tasks
+            (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+        SELECT u.task, u.queue, CAST(u.args AS jsonb), 'available', 0,
+               coalesce(u.run_at, clock_timestamp() + make_interval(secs => u.delay)),
+               clock_timestamp(), u.key
+        FROM unnest(:tasks, :queues, :args, :keys, :run_ats, :delays)
+             WITH ORDINALITY AS u(task, queue, args, key, run_at, delay, ord)
+        ORDER BY u.ord
+        ON CONFLICT (task, idempotency_key) DO NOTHING
+        RETURNING id, task, idempotency_key, run_at, created_at
+        """
+    )
+    .bindparams(
+        sa.bindparam("tasks", type_=postgresql.ARRAY(sa.String())),
+        sa.bindparam("queues", type_=postgresql.ARRAY(sa.String())),
+        sa.bindparam("args", type_=postgresql.ARRAY(sa.Text())),
+        sa.bindparam("keys", type_=postgresql.ARRAY(sa.String())),
+        sa.bindparam("run_ats", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
+        sa.bindparam("delays", type_=postgresql.ARRAY(sa.Float())),
+    )
+    .columns(
+        id=sa.BigInteger(),
+        task=sa.String(),
+        idempotency_key=sa.String(),
+        run_at=UTCDateTime(),
+        created_at=UTCDateTime(),
+    )
+)

@@ -10,6 +10,7 @@ commit lands every task's work together with its own ack: one effect per task.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -99,27 +100,43 @@ def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield rows[start : start + _CHUNK]
 
 
+def _fresh(row: Any, entry: dict[str, Any]) -> TaskRecord:
+    return TaskRecord(
+        id=row.id,
+        task=entry["task"],
+        queue=entry["queue"],
+        args=entry["args"],
+        state=TaskState.AVAILABLE,
+        attempt=0,
+        run_at=row.run_at,
+        created_at=row.created_at,
+        idempotency_key=entry.get("idempotency_key"),
+    )
+
+
 def _merge(
     entries: Sequence[dict[str, Any]], inserted: list[Any], existing: list[Any]
 ) -> list[TaskRecord]:
     """The records in the order of `entries`: new rows, then the existing ones for known keys."""
-    by_key = {(r.task, r.idempotency_key): record(r) for r in inserted if r.idempotency_key}
-    by_key.update(
-        {(r.task, r.idempotency_key): record(r, duplicate=True) for r in existing},
-    )
+    new_keyed = {(r.task, r.idempotency_key): r for r in inserted if r.idempotency_key}
+    old_keyed = {(r.task, r.idempotency_key): record(r, duplicate=True) for r in existing}
     unkeyed = iter(sorted((r for r in inserted if not r.idempotency_key), key=lambda r: r.id))
     out = []
-    seen: set[tuple[str, str]] = set()
+    done: dict[tuple[str, str], TaskRecord] = {}
     for entry in entries:
         key = entry.get("idempotency_key")
         if key is None:
-            out.append(record(next(unkeyed)))
+            out.append(_fresh(next(unkeyed), entry))
             continue
-        rec = by_key[(entry["task"], key)]
-        if (entry["task"], key) in seen and not rec.duplicate:
-            rec = TaskRecord(**{**rec.__dict__, "duplicate": True})
-        seen.add((entry["task"], key))
-        out.append(rec)
+        pair = (entry["task"], key)
+        if pair in done:  # the same key twice in one call: the second is a duplicate
+            out.append(dataclasses.replace(done[pair], duplicate=True))
+        elif pair in new_keyed:
+            done[pair] = _fresh(new_keyed[pair], entry)
+            out.append(done[pair])
+        else:
+            done[pair] = old_keyed[pair]
+            out.append(done[pair])
     return out
 
 
@@ -144,9 +161,12 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
     dialect = dialect_for(conn.dialect.name)
     try:
         inserted: list[Any] = []
-        stmt = _statement(dialect)
         for chunk in _chunks(_params(dialect, entries)):
-            inserted += (await session.execute(stmt, chunk)).all()
+            bulk = dialect.bulk_enqueue(chunk)
+            if bulk is not None:
+                inserted += (await session.execute(*bulk)).all()
+            else:
+                inserted += (await session.execute(_statement(dialect), chunk)).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
             existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
@@ -162,9 +182,12 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     dialect = dialect_for(session.connection().dialect.name)
     try:
         inserted: list[Any] = []
-        stmt = _statement(dialect)
         for chunk in _chunks(_params(dialect, entries)):
-            inserted += session.execute(stmt, chunk).all()
+            bulk = dialect.bulk_enqueue(chunk)
+            if bulk is not None:
+                inserted += session.execute(*bulk).all()
+            else:
+                inserted += session.execute(_statement(dialect), chunk).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
             existing += session.execute(tasks_sql.by_keys(task, keys)).all()
