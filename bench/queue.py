@@ -390,6 +390,7 @@ async def main() -> None:
         help="tasks per procrastinate drain (it drains one job per round trip: minutes at 20k)",
     )
     parser.add_argument("--systems", default="oncely,pgqueuer,procrastinate")
+    parser.add_argument("--only-latency", action="store_true", help="skip enqueue and drains")
     args = parser.parse_args()
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
     classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
@@ -409,9 +410,11 @@ async def main() -> None:
     for round_no in range(args.rounds):
         print(f"round {round_no + 1}/{args.rounds}", flush=True)
         for system in systems:
+            if args.only_latency:
+                break
             keep(system, "enqueue single /s", await enqueue_single(system, args.single), max)
             keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
-        for task in ("noop", "one_row"):
+        for task in ("noop", "one_row") if not args.only_latency else ():
             for concurrency in concurrencies:
                 for system in systems:
                     count = (

@@ -140,8 +140,9 @@ class Store:
         keep theirs for their lifetime); a user's own engine is shared as it is."""
         if not self._owns_engine:
             return self.engine
-        options = {k: v for k, v in self.dialect.engine_options().items() if k != "pool_pre_ping"}
-        engine = create_async_engine(self.engine.url, poolclass=NullPool, **options)
+        engine = create_async_engine(
+            self.engine.url, poolclass=NullPool, **self.dialect.lane_options()
+        )
         self.dialect.configure_engine(engine)
         return engine
 

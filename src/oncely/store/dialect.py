@@ -34,6 +34,15 @@ class Dialect(abc.ABC):
         """Keyword arguments for `create_async_engine` when oncely builds the engine."""
         return {}
 
+    def lane_options(self) -> dict[str, Any]:
+        """`engine_options` for a worker's own long-lived connections (see `durable`)."""
+        return {k: v for k, v in self.engine_options().items() if k != "pool_pre_ping"}
+
+    async def durable(self, conn: AsyncConnection) -> None:
+        """Make the open transaction's commit durable on a lane connection (where leases
+        alone may commit without waiting for the disk)."""
+        return None
+
     def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
         """Set up an engine that oncely built itself (not a user's engine)."""
 

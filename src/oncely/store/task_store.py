@@ -318,6 +318,7 @@ class TaskStore:
         """A transaction on `conn` that commits on a normal exit and rolls back otherwise."""
         with self.store.translate():
             async with conn.begin():
+                await self.dialect.durable(conn)
                 yield Batch(conn, self.dialect, self._ack_one)
 
     async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
