@@ -13,6 +13,7 @@ another worker. Postgres wakes idle lanes with LISTEN/NOTIFY; polling is the fal
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -89,7 +90,6 @@ class _Lane:
     async def _loop(self, conn: AsyncConnection, stopping: asyncio.Event) -> None:
         worker = self.worker
         while not stopping.is_set():
-            worker.wake.clear()
             leased = await worker.store.tasks.fetch(
                 conn, worker.queues, worker.batch, worker.token(), worker.by, worker.lease
             )
@@ -97,6 +97,8 @@ class _Lane:
                 await worker.idle(stopping)
                 continue
             while leased:
+                if len(leased) == worker.batch:
+                    worker.notify()  # a full batch: there may be more, wake one more lane
                 leased = await worker.run_batch(conn, leased, stopping)
 
 
@@ -128,7 +130,8 @@ class Worker:
         self.batch = batch
         self.poll = poll
         self.by = replica_id()
-        self.wake = asyncio.Event()
+        self._sleepers: collections.deque[asyncio.Event] = collections.deque()
+        self._pending = False
         self.lanes = self.store.engine
         """Where lanes (and the listener) get their long-lived connections."""
         self.held: dict[int, Leased] = {}
@@ -141,17 +144,32 @@ class Worker:
         return f"{self._prefix}.{next(self._counter)}"
 
     def notify(self) -> None:
-        """Wake idle lanes: new tasks may be due."""
-        self.wake.set()
+        """New tasks may be due: wake one idle lane (it wakes the next if it finds plenty).
+
+        Waking one, not all, keeps idle lanes from racing for a single new task.
+        """
+        while self._sleepers:
+            sleeper = self._sleepers.popleft()
+            if not sleeper.is_set():
+                sleeper.set()
+                return
+        self._pending = True  # every lane is busy: the next one to go idle looks again first
 
     async def idle(self, stopping: asyncio.Event) -> None:
         """Wait for a notification, the stop signal, or the poll interval."""
-        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stopping.wait())]
+        if self._pending:
+            self._pending = False
+            return
+        woken = asyncio.Event()
+        self._sleepers.append(woken)
+        waiters = [asyncio.ensure_future(woken.wait()), asyncio.ensure_future(stopping.wait())]
         try:
             await asyncio.wait(waiters, timeout=self.poll, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._sleepers.remove(woken)
 
     async def pause(self, stopping: asyncio.Event, seconds: float) -> None:
         """Sleep `seconds` unless asked to stop first."""

@@ -318,8 +318,8 @@ class TaskStore:
         """A transaction on `conn` that commits on a normal exit and rolls back otherwise."""
         with self.store.translate():
             async with conn.begin():
-                await self.dialect.durable(conn)
                 yield Batch(conn, self.dialect, self._ack_one)
+                await self.dialect.durable(conn)  # before the commit, not before the tasks
 
     async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
         """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""
