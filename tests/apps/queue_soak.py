@@ -166,9 +166,12 @@ def main() -> None:
 
     from oncely import Oncely
 
-    app = Oncely(args.database_url)
-    asyncio.run(app.migrate())
-    asyncio.run(app.aclose())
+    async def migrate() -> None:
+        app = Oncely(args.database_url)
+        await app.migrate()
+        await app.aclose()
+
+    asyncio.run(migrate())
     result = soak(
         args.database_url,
         tasks=args.tasks,

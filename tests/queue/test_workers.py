@@ -151,10 +151,10 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
 def test_queue_tasks_take_effect_once_soak(
     db_url: str, env: dict[str, str], tmp_path: Path
 ) -> None:
-    """3 workers, 10 % transient failures, a SIGKILL every 2 s (short form of the soak)."""
+    """3 workers, 10 % transient failures, a SIGKILL every 0.5 s (short form of the soak)."""
     # `env` migrated the database; the soak creates `effects` itself.
     with sa.create_engine(sync_url(db_url)).begin() as conn:
         conn.exec_driver_sql("DROP TABLE effects")
-    result = soak(db_url, tasks=1500, workers=3, kill_every=2.0, timeout=240, signals=tmp_path)
+    result = soak(db_url, tasks=2000, workers=3, kill_every=0.5, timeout=240, signals=tmp_path)
     assert result.problems == []
     assert result.kills >= 1 and result.retries > 0
