@@ -8,8 +8,8 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
 
-from conftest import drain, effects, in_tx  # type: ignore[import-not-found]
 from oncely import JobTransactionError, Oncely, RetryPolicy, TaskState
 from oncely.queue import Worker, list_tasks, retry_task
 

@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
+from queue_helpers import effects, in_tx  # type: ignore[import-not-found]
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from conftest import effects, in_tx  # type: ignore[import-not-found]
 from oncely import BadInputError, ConfigError, Oncely, PayloadError, SchemaMissingError, TaskState
 from oncely.queue import list_tasks
 
@@ -176,7 +176,7 @@ async def test_bad_input_gets_a_clear_error_schema_missing(db_url: str) -> None:
 
 async def test_enqueue_inside_a_task_commits_with_it(app: Oncely) -> None:
     """A task's own enqueue is part of its transaction (chains are once too)."""
-    from conftest import drain  # type: ignore[import-not-found]
+    from queue_helpers import drain  # type: ignore[import-not-found]
 
     @app.task
     async def second(db, n: int):  # type: ignore[no-untyped-def]
