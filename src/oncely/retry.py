@@ -21,6 +21,8 @@ Wait = int | float | timedelta | Callable[[int], "int | float | timedelta"]
 
 DEFAULT_ATTEMPTS = 25
 DEFAULT_WAIT = 15.0
+LONGEST_WAIT = 365 * 86400.0
+"""No wait exceeds a year, whatever the backoff says (exponential waits overflow dates)."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ class RetryPolicy:
     `wait` is seconds (int, float, timedelta) or a function `attempt -> seconds`. With a
     number, `backoff` shapes it: "polynomial" waits `attempt**4 + wait`, "exponential"
     `wait * 2**(attempt-1)`, "fixed" `wait`. `jitter=0.1` spreads each wait uniformly within
-    +/-10 %; `max_wait` caps it. If `retry_on` is given only those errors retry (others go dead
-    at once); `discard_on` errors are discarded without retry. `seed` fixes the jitter.
+    +/-10 %; `max_wait` caps it (no wait exceeds a year). If `retry_on` is given only those
+    errors retry (others go dead at once); `discard_on` errors are discarded without retry.
+    `seed` fixes the jitter.
     """
 
     def __init__(
@@ -136,19 +139,16 @@ class RetryPolicy:
     def bounds(self, attempt: int) -> tuple[float, float]:
         """The smallest and largest wait the jitter can give after failed attempt `attempt`."""
         base = self.base_wait(attempt)
-        low, high = base * (1 - self.jitter), base * (1 + self.jitter)
-        if self.max_wait is not None:
-            low, high = min(low, self.max_wait), min(high, self.max_wait)
-        return low, high
+        cap = LONGEST_WAIT if self.max_wait is None else min(self.max_wait, LONGEST_WAIT)
+        return min(base * (1 - self.jitter), cap), min(base * (1 + self.jitter), cap)
 
     def wait_for(self, attempt: int, rng: random.Random | None = None) -> float:
         """One jittered wait after failed attempt `attempt`, drawn from `rng` (or the policy's)."""
         base = self.base_wait(attempt)
         source = rng if rng is not None else self._rng
         wait = base * (1 + source.uniform(-self.jitter, self.jitter)) if self.jitter else base
-        if self.max_wait is not None:
-            wait = min(wait, self.max_wait)
-        return max(wait, 0.0)
+        cap = LONGEST_WAIT if self.max_wait is None else min(self.max_wait, LONGEST_WAIT)
+        return max(min(wait, cap), 0.0)
 
     def decide(
         self, error: BaseException, attempt: int, now: datetime, rng: random.Random | None = None

@@ -106,7 +106,7 @@ def test_queue_tasks_take_effect_once_lease_stolen_from_a_stalled_worker(
     if db_url.startswith("sqlite"):
         pytest.skip(
             "SQLite has one writer: a stalled worker's open transaction blocks every other "
-            "writer, so its lease cannot be taken over (test_queue_execution covers the ack on SQLite)"
+            "writer, so its lease cannot be taken over (test_queue_execution covers the ack)"
         )
     with Session(sync_engine) as session, session.begin():
         task_id = stall.enqueue_sync(session, n=1, seconds=60).id

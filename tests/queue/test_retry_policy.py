@@ -63,6 +63,11 @@ def test_retries_follow_the_policy_backoffs_and_caps() -> None:
     capped = RetryPolicy(wait=10, backoff="exponential", jitter=0.1, max_wait=60, seed=1)
     assert all(capped.wait_for(a) <= 60 for a in range(1, 20))
     assert capped.bounds(10) == (60, 60)
+    # However steep the backoff, a wait stays a date (a year at most).
+    steep = RetryPolicy(attempts=100, wait=469, backoff="exponential", jitter=0)
+    assert steep.decide(RuntimeError(), 60, NOW) == Retry(
+        at=NOW + timedelta(days=365), wait=365 * 86400.0
+    )
     custom = RetryPolicy(wait=lambda attempt: attempt * 1.5, jitter=0)
     assert [custom.wait_for(a) for a in (1, 2, 3)] == [1.5, 3.0, 4.5]
 
