@@ -14,13 +14,18 @@ from .errors import (
     DatabaseUnavailableError,
     JobTransactionError,
     OncelyError,
+    PayloadError,
     SchemaMissingError,
+    TaskStateError,
     UnknownJobError,
+    UnknownTaskError,
 )
 from .keys import idempotency_key
-from .model import Claim, RunResult, RunStatus, Slot
+from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
+from .retry import Discard, GiveUp, Retry, RetryPolicy
 from .schedule import CronSchedule, EverySchedule, Schedule, cron, every
 from .store.claims import claim_run, claim_run_sync
+from .tasks import Task
 
 __version__ = "0.1.0"
 
@@ -31,20 +36,30 @@ __all__ = [
     "CronSchedule",
     "DatabaseError",
     "DatabaseUnavailableError",
+    "Discard",
     "Effect",
     "EffectResult",
     "EverySchedule",
+    "GiveUp",
     "JobTransactionError",
     "OnceHandler",
     "Oncely",
     "OncelyError",
+    "PayloadError",
+    "Retry",
+    "RetryPolicy",
     "RunResult",
     "RunStatus",
     "Schedule",
     "SchemaMissingError",
     "Slot",
     "SyncEffect",
+    "Task",
+    "TaskRecord",
+    "TaskState",
+    "TaskStateError",
     "UnknownJobError",
+    "UnknownTaskError",
     "__version__",
     "claim_run",
     "claim_run_sync",

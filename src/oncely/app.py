@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
@@ -18,13 +18,17 @@ from .errors import BadInputError, ConfigError
 from .identity import replica_id
 from .model import Claim, RunResult, RunStatus, Slot
 from .registry import JobFunc, KeyFunc, Registry
+from .retry import RetryPolicy
 from .runner import run_slot
 from .schedule import Schedule
 from .store import Store
+from .tasks import Task, TaskFunc, TaskRegistry
 
 F = TypeVar("F", bound=JobFunc)
 
 DEFAULT_DATABASE_URL = "sqlite:///oncely.db"
+DEFAULT_LEASE = 30.0
+"""Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
 
 
@@ -40,8 +44,13 @@ class Oncely:
     in the working directory. Nothing connects until the first call that needs the database.
     """
 
-    def __init__(self, database: Database | None = None) -> None:
+    def __init__(self, database: Database | None = None, *, lease: float = DEFAULT_LEASE) -> None:
         self.registry = Registry()
+        self.tasks = TaskRegistry()
+        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
+            raise ConfigError(f"Oncely(lease=...) must be > 0 seconds, got {lease!r}")
+        self.lease = float(lease)
+        """Seconds a worker holds a task before another may take it over (heartbeats renew)."""
         self._database: Database = database if database is not None else _database_from_env()
         self._store: Store | None = None
 
@@ -86,6 +95,27 @@ class Oncely:
             return func
 
         return register
+
+    def task(
+        self,
+        func: TaskFunc | None = None,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        queue: str = "default",
+        timeout: float | timedelta | None = None,
+    ) -> Any:
+        """Register `f(db, **kwargs)` as a task; `await f.enqueue(db, **kwargs)` queues a run.
+
+        The run gets `db` (an AsyncSession, or a Session for a plain `def`) in a transaction
+        that also marks the task succeeded: returning commits both, raising rolls both back
+        and `retry` (default: 25 attempts, attempt**4 + 15 s +/-10 %) decides what next.
+        """
+
+        def register(f: TaskFunc) -> Task:
+            return self.tasks.add(f, name=name, retry=retry, queue=queue, timeout=timeout)
+
+        return register(func) if func is not None else register
 
     # -- slots --------------------------------------------------------------------------
 

@@ -44,3 +44,15 @@ class JobTransactionError(OncelyError):
 
 class DatabaseError(OncelyError):
     """A database statement failed."""
+
+
+class PayloadError(BadInputError):
+    """A task's arguments must be JSON: str, int, float, bool, None, lists and str-keyed dicts."""
+
+
+class UnknownTaskError(ConfigError):
+    """No task is registered under that name."""
+
+
+class TaskStateError(BadInputError):
+    """The task is not in a state that allows this operation."""

@@ -63,3 +63,41 @@ class RunResult:
     """For `skipped`: the claim that was already there (who ran the slot, and when)."""
     error: BaseException | None = None
     """For `failed`: what the job raised."""
+
+
+class TaskState(str, enum.Enum):
+    """Where a queued task is in its life."""
+
+    AVAILABLE = "available"
+    """Waiting to run at `run_at` (a first attempt, or a retry after a rolled-back attempt)."""
+    RUNNING = "running"
+    """Leased by a worker until `lease_expires_at`; if the worker dies, the lease runs out."""
+    SUCCEEDED = "succeeded"
+    """Its work committed, in the same transaction as this state."""
+    DISCARDED = "discarded"
+    """Dropped: an error in `discard_on`, or `oncely tasks discard`."""
+    DEAD = "dead"
+    """Attempts exhausted (or an error outside `retry_on`); kept for inspection and re-runs."""
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One row of the task queue, as `enqueue` returns it and `oncely tasks` shows it."""
+
+    id: int
+    task: str
+    queue: str
+    args: dict[str, object]
+    state: TaskState
+    attempt: int
+    run_at: datetime
+    created_at: datetime
+    idempotency_key: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    locked_by: str | None = None
+    lease_expires_at: datetime | None = None
+    error: str | None = None
+    """The last attempt's error: `Type: message`, then its traceback."""
+    duplicate: bool = False
+    """Set by `enqueue`: the idempotency key existed, so this is the existing task."""

@@ -1,8 +1,12 @@
-"""oncely's tables for Alembic: `target_metadata = [app_metadata, oncely.schema.metadata]`."""
+"""oncely's tables for Alembic: `target_metadata = [app_metadata, oncely.schema.metadata]`.
+
+On Postgres, `oncely migrate` also creates the `oncely_tasks_notify` trigger (the queue's
+LISTEN/NOTIFY wake-up); a schema made by Alembic alone works without it, by polling.
+"""
 
 from __future__ import annotations
 
 from .store.migrations import LATEST as SCHEMA_VERSION
-from .store.tables import metadata, runs, schema_versions
+from .store.tables import metadata, runs, schema_versions, tasks
 
-__all__ = ["SCHEMA_VERSION", "metadata", "runs", "schema_versions"]
+__all__ = ["SCHEMA_VERSION", "metadata", "runs", "schema_versions", "tasks"]

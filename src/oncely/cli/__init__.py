@@ -281,3 +281,10 @@ cli.add_command(export_group)
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="oncely")
+
+
+from .tasks import enqueue, prune, tasks  # noqa: E402  (they import this module)
+
+cli.add_command(enqueue)
+cli.add_command(tasks)
+cli.add_command(prune)

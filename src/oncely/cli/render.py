@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..model import Claim, RunResult, RunStatus
+from ..model import Claim, RunResult, RunStatus, TaskRecord
 from ..registry import Job
 
 
@@ -106,3 +106,43 @@ def job_row(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> list[
         iso(upcoming[0]) if upcoming else "-",
         last_run,
     ]
+
+
+def task_dict(rec: TaskRecord) -> dict[str, Any]:
+    """A task for `oncely tasks --json` and `oncely enqueue`."""
+    return {
+        "id": rec.id,
+        "task": rec.task,
+        "queue": rec.queue,
+        "state": rec.state.value,
+        "attempt": rec.attempt,
+        "args": rec.args,
+        "idempotency_key": rec.idempotency_key,
+        "run_at": rec.run_at.isoformat(),
+        "created_at": rec.created_at.isoformat(),
+        "started_at": rec.started_at.isoformat() if rec.started_at else None,
+        "finished_at": rec.finished_at.isoformat() if rec.finished_at else None,
+        "locked_by": rec.locked_by,
+        "lease_expires_at": rec.lease_expires_at.isoformat() if rec.lease_expires_at else None,
+        "error": rec.error,
+    }
+
+
+def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
+    """`oncely tasks` rows: id, task, state, attempt, run at / finished, key, last error."""
+    rows = []
+    for r in records:
+        error = (r.error or "").split("\n", 1)[0]
+        when = r.finished_at if r.finished_at is not None else r.run_at
+        rows.append(
+            [
+                str(r.id),
+                r.task,
+                r.state.value,
+                str(r.attempt),
+                iso(when),
+                r.idempotency_key or "-",
+                error[:60] or "-",
+            ]
+        )
+    return rows

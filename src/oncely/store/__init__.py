@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from .. import hooks
 from ..errors import (
@@ -42,6 +44,9 @@ from .postgres import PostgresDialect
 from .session import AttemptSession, hand_back, violation
 from .sqlite import READ_ONLY_OPTION, SQLiteDialect
 from .tables import metadata, schema_versions
+
+if TYPE_CHECKING:
+    from .task_store import TaskStore
 
 __all__ = [
     "LATEST",
@@ -153,6 +158,24 @@ class Store:
         engine = create_async_engine(full, **dialect.engine_options())
         dialect.configure_engine(engine)
         return cls(engine, owns_engine=True)
+
+    def dedicated_engine(self) -> AsyncEngine:
+        """An engine whose connections are opened for one holder each (a worker's lanes, which
+        keep theirs for their lifetime); a user's own engine is shared as it is."""
+        if not self._owns_engine:
+            return self.engine
+        engine = create_async_engine(
+            self.engine.url, poolclass=NullPool, **self.dialect.lane_options()
+        )
+        self.dialect.configure_engine(engine)
+        return engine
+
+    @functools.cached_property
+    def tasks(self) -> TaskStore:
+        """The task queue's statements on this store."""
+        from .task_store import TaskStore
+
+        return TaskStore(self)
 
     @property
     def display_url(self) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import functools
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -13,6 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.dml import Insert
 
+from .. import clock
 from . import sql
 
 
@@ -35,6 +38,15 @@ class Dialect(abc.ABC):
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for `create_async_engine` when oncely builds the engine."""
         return {}
+
+    def lane_options(self) -> dict[str, Any]:
+        """`engine_options` for a worker's own long-lived connections (see `durable`)."""
+        return {k: v for k, v in self.engine_options().items() if k != "pool_pre_ping"}
+
+    async def durable(self, conn: AsyncConnection) -> None:
+        """Make the open transaction's commit durable on a lane connection (where leases
+        alone may commit without waiting for the disk)."""
+        return None
 
     def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
         """Set up an engine that oncely built itself (not a user's engine)."""
@@ -95,6 +107,34 @@ class Dialect(abc.ABC):
     def is_unavailable(self, exc: BaseException) -> bool:
         """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
         return False
+
+    database_clock = False
+    """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
+
+    def due_at(self, run_at: Any, delay: Any) -> Any:
+        """A task's run_at from the bound `run_at` (a time or NULL) and `delay` (seconds).
+
+        Without a database clock the caller binds the time itself and `delay` is unused.
+        """
+        return run_at
+
+    def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+        """One statement and its parameters inserting all these tasks, if the database has a
+        faster way than an executemany of `tasks_sql.enqueue` (None: it has not)."""
+        return None
+
+    def after(self, seconds: float) -> Any:
+        """A database-time expression for `seconds` from now (a lease's end)."""
+        return clock.utcnow() + timedelta(seconds=seconds)
+
+    def listener(
+        self, engine: AsyncEngine, on_notify: Callable[[], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify()` whenever tasks are enqueued, while the context is open.
+
+        Yields whether notifications work; without them workers rely on polling alone.
+        """
+        return contextlib.nullcontext(False)
 
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a driver error means another transaction holds the lock we asked for."""

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -57,3 +58,53 @@ schema_versions = sa.Table(
     sa.Column("applied_at", UTCDateTime(), nullable=False),
     comment="Which of oncely's migrations have been applied.",
 )
+
+_TASK_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite: the rowid alias
+_TASK_ARGS = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+tasks = sa.Table(
+    "oncely_tasks",
+    metadata,
+    sa.Column("id", _TASK_ID, primary_key=True, autoincrement=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("queue", sa.String(100), nullable=False),
+    sa.Column("args", _TASK_ARGS, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("run_at", UTCDateTime(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("idempotency_key", sa.String(255), nullable=True),
+    sa.Column("lease_token", sa.String(64), nullable=True),
+    sa.Column("locked_by", sa.String(255), nullable=True),
+    sa.Column("started_at", UTCDateTime(), nullable=True),
+    sa.Column("lease_expires_at", UTCDateTime(), nullable=True),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    comment="One row per queued task; its state changes commit with the task's own work.",
+)
+# An idempotency key is unique per task among all retained rows, whatever their state.
+sa.Index("oncely_tasks_idempotency", tasks.c.task, tasks.c.idempotency_key, unique=True)
+# What a worker fetches: due, available tasks (of its queues), oldest first.
+sa.Index(
+    "oncely_tasks_due",
+    tasks.c.run_at,
+    tasks.c.id,
+    postgresql_where=tasks.c.state == "available",
+    sqlite_where=tasks.c.state == "available",
+)
+sa.Index(
+    "oncely_tasks_due_by_queue",
+    tasks.c.queue,
+    tasks.c.run_at,
+    tasks.c.id,
+    postgresql_where=tasks.c.state == "available",
+    sqlite_where=tasks.c.state == "available",
+)
+# What the rescuer looks at: leases that may have run out.
+sa.Index(
+    "oncely_tasks_leases",
+    tasks.c.lease_expires_at,
+    postgresql_where=tasks.c.state == "running",
+    sqlite_where=tasks.c.state == "running",
+)
+sa.Index("oncely_tasks_state", tasks.c.state, tasks.c.finished_at)

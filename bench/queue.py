@@ -1,0 +1,456 @@
+"""Queue benchmark: oncely, procrastinate and pgqueuer side by side, on one Postgres, in one run.
+
+    pip install -r bench/requirements.txt
+    python bench/queue.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
+
+For each system, in a fresh database of its own: enqueue rate (one task per transaction, and
+batches), drain throughput of N no-op tasks and of N tasks that insert one row, at each
+concurrency, and enqueue-to-start latency (p50/p99) with the worker idle. Each measurement is
+repeated --rounds times, systems interleaved, and the best round is kept (the machine is
+shared; the best round is the least disturbed). oncely's one-row task inserts its row in the
+task's own transaction, with the ack; the peers' tasks insert theirs on a pooled connection,
+in a transaction separate from the job's completion (they have no way to share it).
+Never a test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's directory comes first on sys.path and this file would shadow
+# the standard library's `queue` module for every library imported below.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+EFFECTS = "CREATE TABLE IF NOT EXISTS bench_effects (n bigint)"
+
+
+def dsn_for(base: str, name: str) -> str:
+    head, _, _ = base.rpartition("/")
+    return f"{head}/{name}"
+
+
+async def fresh_database(base: str, name: str) -> str:
+    admin = await asyncpg.connect(base)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = dsn_for(base, name)
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(EFFECTS)
+    await conn.close()
+    return dsn
+
+
+async def wait_empty(dsn: str, query: str, timeout: float = 600) -> None:
+    """Wait until `query` (a count of pending jobs, on a partial index) says 0."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = await asyncpg.connect(dsn)
+        try:
+            while await conn.fetchval(query):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(query)
+                await asyncio.sleep(0.02)
+            return
+        except asyncpg.InterfaceError:
+            continue  # a broken connection: poll on a new one
+        finally:
+            await conn.close()
+    raise TimeoutError(query)
+
+
+class System:
+    """One queue under test: how to set it up, enqueue, drain and time a start."""
+
+    name = ""
+
+    async def setup(self, dsn: str) -> None: ...
+    async def reset(self) -> None: ...
+    async def enqueue_one(self, task: str, n: int) -> None: ...
+    async def enqueue_batch(self, task: str, ns: list[int]) -> None: ...
+    async def drain(self, total: int, concurrency: int) -> None: ...
+    async def start_idle_worker(self) -> Callable[[], Awaitable[None]]: ...
+    async def close(self) -> None: ...
+
+    started: dict[int, float]
+
+
+# -- oncely -------------------------------------------------------------------------------
+
+
+class Oncely(System):
+    name = "oncely"
+
+    async def setup(self, dsn: str) -> None:
+        import sqlalchemy as sa
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        from oncely import Oncely as App
+
+        self.dsn = dsn
+        self.app = App(dsn)
+        await self.app.migrate()
+        self.started = {}
+        self.session = AsyncSession
+        insert = sa.text("INSERT INTO bench_effects (n) VALUES (:n)")
+        started = self.started
+
+        @self.app.task
+        async def noop(db, n: int) -> None:  # type: ignore[no-untyped-def]
+            started.setdefault(n, time.perf_counter())
+
+        @self.app.task
+        async def one_row(db, n: int) -> None:  # type: ignore[no-untyped-def]
+            await db.execute(insert, {"n": n})
+
+        self.tasks = {"noop": noop, "one_row": one_row}
+        self.held: Any = None
+
+    async def reset(self) -> None:
+        if self.held is not None:
+            await self.held.close()
+            self.held = None
+        conn = await asyncpg.connect(self.dsn)
+        await conn.execute("TRUNCATE oncely_tasks, bench_effects")
+        await conn.close()
+
+    async def enqueue_one(self, task: str, n: int) -> None:
+        # One transaction per task on a held session (the peers hold a connection too).
+        if self.held is None:
+            self.held = self.session(self.app.store.engine)
+        async with self.held.begin():
+            await self.tasks[task].enqueue(self.held, n=n)
+
+    async def enqueue_batch(self, task: str, ns: list[int]) -> None:
+        async with self.session(self.app.store.engine) as db, db.begin():
+            await self.tasks[task].enqueue_many(db, [{"n": n} for n in ns])
+
+    async def drain(self, total: int, concurrency: int) -> None:
+        from oncely.queue import consume
+
+        stopping = asyncio.Event()
+        worker = asyncio.create_task(consume(self.app, stopping, concurrency=concurrency))
+        await wait_empty(
+            self.dsn, "SELECT count(*) FROM oncely_tasks WHERE state IN ('available', 'running')"
+        )
+        stopping.set()
+        await worker
+
+    async def start_idle_worker(self) -> Callable[[], Awaitable[None]]:
+        from oncely.queue import consume
+
+        stopping = asyncio.Event()
+        worker = asyncio.create_task(consume(self.app, stopping, concurrency=10))
+
+        async def stop() -> None:
+            stopping.set()
+            await worker
+
+        return stop
+
+    async def close(self) -> None:
+        if self.held is not None:
+            await self.held.close()
+        await self.app.aclose()
+
+
+# -- procrastinate ------------------------------------------------------------------------
+
+
+class Procrastinate(System):
+    name = "procrastinate"
+
+    async def setup(self, dsn: str) -> None:
+        import procrastinate
+
+        self.dsn = dsn
+        self.pool = await asyncpg.create_pool(dsn, min_size=2, max_size=20)
+        self.app = procrastinate.App(
+            connector=procrastinate.PsycopgConnector(conninfo=dsn, max_size=40)
+        )
+        await self.app.open_async()
+        await self.app.schema_manager.apply_schema_async()
+        self.started = {}
+        started, pool = self.started, self.pool
+
+        @self.app.task(name="noop")
+        async def noop(n: int) -> None:
+            started.setdefault(n, time.perf_counter())
+
+        @self.app.task(name="one_row")
+        async def one_row(n: int) -> None:
+            await pool.execute("INSERT INTO bench_effects (n) VALUES ($1)", n)
+
+        self.tasks = {"noop": noop, "one_row": one_row}
+
+    async def reset(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        await conn.execute(
+            "TRUNCATE procrastinate_jobs, procrastinate_events, bench_effects CASCADE"
+        )
+        await conn.close()
+
+    async def enqueue_one(self, task: str, n: int) -> None:
+        await self.tasks[task].defer_async(n=n)
+
+    async def enqueue_batch(self, task: str, ns: list[int]) -> None:
+        await self.tasks[task].batch_defer_async(*[{"n": n} for n in ns])
+
+    async def drain(self, total: int, concurrency: int) -> None:
+        await self.app.run_worker_async(
+            concurrency=concurrency, wait=False, install_signal_handlers=False
+        )
+        await wait_empty(
+            self.dsn, "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+        )
+
+    async def start_idle_worker(self) -> Callable[[], Awaitable[None]]:
+        worker = asyncio.create_task(
+            self.app.run_worker_async(concurrency=10, install_signal_handlers=False)
+        )
+        await asyncio.sleep(0.5)
+
+        async def stop() -> None:
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+
+        return stop
+
+    async def close(self) -> None:
+        await self.app.close_async()
+        await self.pool.close()
+
+
+# -- pgqueuer -----------------------------------------------------------------------------
+
+
+class PgQueuer(System):
+    name = "pgqueuer"
+    BATCH = 10  # its default dequeue batch size
+
+    async def setup(self, dsn: str) -> None:
+        from pgqueuer import AsyncpgDriver, Queries
+
+        self.dsn = dsn
+        self.conn = await asyncpg.connect(dsn)
+        self.queries = Queries(AsyncpgDriver(self.conn))
+        await self.queries.install()
+        self.pool = await asyncpg.create_pool(dsn, min_size=2, max_size=20)
+        self.started = {}
+
+    def _manager(self, conn: asyncpg.Connection) -> Any:
+        from pgqueuer import AsyncpgDriver, Queries, QueueManager
+
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+        started, pool = self.started, self.pool
+
+        @qm.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            started.setdefault(json.loads(job.payload)["n"], time.perf_counter())
+
+        @qm.entrypoint("one_row")
+        async def one_row(job: Any) -> None:
+            await pool.execute(
+                "INSERT INTO bench_effects (n) VALUES ($1)", json.loads(job.payload)["n"]
+            )
+
+        return qm
+
+    async def reset(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        await conn.execute("TRUNCATE pgqueuer, pgqueuer_log, bench_effects")
+        await conn.close()
+
+    async def enqueue_one(self, task: str, n: int) -> None:
+        await self.queries.enqueue(task, json.dumps({"n": n}).encode())
+
+    async def enqueue_batch(self, task: str, ns: list[int]) -> None:
+        await self.queries.enqueue(
+            [task] * len(ns), [json.dumps({"n": n}).encode() for n in ns], [0] * len(ns)
+        )
+
+    async def drain(self, total: int, concurrency: int) -> None:
+        from datetime import timedelta
+
+        from pgqueuer.types import QueueExecutionMode
+
+        conns = [await asyncpg.connect(self.dsn) for _ in range(concurrency)]
+        managers = [self._manager(c) for c in conns]
+        await asyncio.gather(
+            *(
+                qm.run(
+                    mode=QueueExecutionMode.drain,
+                    batch_size=self.BATCH,
+                    dequeue_timeout=timedelta(seconds=0.5),
+                )
+                for qm in managers
+            )
+        )
+        for conn in conns:
+            await conn.close()
+
+    async def start_idle_worker(self) -> Callable[[], Awaitable[None]]:
+        conn = await asyncpg.connect(self.dsn)
+        qm = self._manager(conn)
+        worker = asyncio.create_task(qm.run(batch_size=self.BATCH))
+        await asyncio.sleep(0.5)
+
+        async def stop() -> None:
+            qm.shutdown.set()
+            await asyncio.gather(worker, return_exceptions=True)
+            await conn.close()
+
+        return stop
+
+    async def close(self) -> None:
+        await self.conn.close()
+        await self.pool.close()
+
+
+# -- measurements -------------------------------------------------------------------------
+
+
+async def enqueue_single(system: System, count: int) -> float:
+    await system.reset()
+    started = time.perf_counter()
+    for n in range(count):
+        await system.enqueue_one("noop", n)
+    return count / (time.perf_counter() - started)
+
+
+async def enqueue_batch(system: System, count: int, size: int = 1000) -> float:
+    await system.reset()
+    started = time.perf_counter()
+    for start in range(0, count, size):
+        await system.enqueue_batch("noop", list(range(start, min(count, start + size))))
+    return count / (time.perf_counter() - started)
+
+
+async def drain(system: System, task: str, count: int, concurrency: int) -> float:
+    await system.reset()
+    for start in range(0, count, 1000):
+        await system.enqueue_batch(task, list(range(start, min(count, start + 1000))))
+    started = time.perf_counter()
+    await system.drain(count, concurrency)
+    return count / (time.perf_counter() - started)
+
+
+async def latency(system: System, samples: int) -> tuple[float, float]:
+    await system.reset()
+    system.started.clear()
+    stop = await system.start_idle_worker()
+    delays = []
+    try:
+        for i in range(samples):
+            n = 10_000_000 + i
+            await system.enqueue_one("noop", n)
+            enqueued = time.perf_counter()
+            deadline = enqueued + 10
+            while n not in system.started:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"{system.name}: task {n} never started")
+                await asyncio.sleep(0)
+            delays.append((system.started[n] - enqueued) * 1000)
+            await asyncio.sleep(0.005)
+    finally:
+        await stop()
+    quantiles = statistics.quantiles(delays, n=100)
+    return statistics.median(delays), quantiles[98]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--single", type=int, default=2_000, help="single enqueues to time")
+    parser.add_argument("--concurrency", default="1,10,50")
+    parser.add_argument("--samples", type=int, default=200, help="latency samples")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--procrastinate-tasks",
+        type=int,
+        default=5_000,
+        help="tasks per procrastinate drain (it drains one job per round trip: minutes at 20k)",
+    )
+    parser.add_argument("--systems", default="oncely,pgqueuer,procrastinate")
+    parser.add_argument("--only-latency", action="store_true", help="skip enqueue and drains")
+    args = parser.parse_args()
+    base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
+    classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
+    systems: list[System] = []
+    for name in args.systems.split(","):
+        system = classes[name]()
+        await system.setup(await fresh_database(base, f"bench_queue_{name}"))
+        systems.append(system)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    results: dict[str, dict[str, float]] = {s.name: {} for s in systems}
+
+    def keep(system: System, metric: str, value: float, best: Callable[..., float]) -> None:
+        old = results[system.name].get(metric)
+        results[system.name][metric] = value if old is None else best(old, value)
+        print(f"  {system.name:14} {metric:28} {value:10.1f}", flush=True)
+
+    for round_no in range(args.rounds):
+        print(f"round {round_no + 1}/{args.rounds}", flush=True)
+        for system in systems:
+            if args.only_latency:
+                break
+            keep(system, "enqueue single /s", await enqueue_single(system, args.single), max)
+            keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
+        for task in ("noop", "one_row") if not args.only_latency else ():
+            for concurrency in concurrencies:
+                for system in systems:
+                    count = (
+                        args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
+                    )
+                    rate = await drain(system, task, count, concurrency)
+                    keep(system, f"drain {task} c={concurrency} /s", rate, max)
+        for system in systems:
+            p50, p99 = await latency(system, args.samples)
+            keep(system, "latency p50 ms", p50, min)
+            keep(system, "latency p99 ms", p99, min)
+    for system in systems:
+        await system.close()
+    print_table(results, args)
+
+
+def print_table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    names = list(results)
+    metrics = list(next(iter(results.values())))
+    print(
+        f"\n{args.tasks} tasks per drain ({args.procrastinate_tasks} for procrastinate), "
+        f"best of {args.rounds} rounds, {args.samples} latency samples\n"
+    )
+    header = "| metric | " + " | ".join(names) + " |"
+    if "oncely" in names and "pgqueuer" in names:
+        header += " oncely / pgqueuer |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for metric in metrics:
+        cells = [f"{results[n][metric]:,.1f}" for n in names]
+        row = f"| {metric} | " + " | ".join(cells) + " |"
+        if "oncely" in names and "pgqueuer" in names:
+            ratio = results["oncely"][metric] / results["pgqueuer"][metric]
+            row += f" {ratio:.2f} |"
+        print(row)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

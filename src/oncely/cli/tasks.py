@@ -1,0 +1,147 @@
+"""`oncely enqueue`, `oncely tasks [retry|discard]` and `oncely prune`: the queue's operations."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+import click
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from .. import queue
+from ..app import Oncely
+from ..errors import BadInputError, PayloadError
+from ..model import TaskRecord, TaskState
+from . import Context, handled, render
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str, option: str) -> timedelta:
+    """`30d`, `12h`, `90m`, `45s` or `2w` as a timedelta."""
+    match = _DURATION.match(value)
+    if not match:
+        raise BadInputError(f"bad {option} {value!r}: use a number and a unit, e.g. 30d, 12h, 90m")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _payload(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"--json is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise PayloadError(f"--json must be an object of keyword arguments, got {text!r}")
+    return data
+
+
+@click.command()
+@click.argument("task")
+@click.option("--json", "payload", default="{}", metavar="OBJECT", help="The task's arguments.")
+@click.option("--idempotency-key", metavar="KEY", help="Enqueue only if this key is new.")
+@click.option("--delay", metavar="DURATION", help="Run after this long, e.g. 30s, 5m.")
+@click.pass_obj
+@handled
+def enqueue(
+    obj: Context, task: str, payload: str, idempotency_key: str | None, delay: str | None
+) -> None:
+    """Queue one run of TASK with the arguments in --json; print its id."""
+    definition = obj.app.tasks.get(task)
+    kwargs = _payload(payload)
+    wait = parse_duration(delay, "--delay") if delay else None
+    definition.entry(kwargs, idempotency_key, None, wait)  # bad input: exit 2, nothing touched
+
+    async def go(app: Oncely) -> TaskRecord:
+        await app.store.ensure_schema()
+        with app.store.translate():
+            async with AsyncSession(app.store.engine) as db, db.begin():
+                return await definition.enqueue(
+                    db, idempotency_key=idempotency_key, delay=wait, **kwargs
+                )
+
+    rec = obj.call(go)
+    if rec.duplicate:
+        click.echo(
+            f"duplicate {rec.task} id {rec.id}: idempotency key {rec.idempotency_key!r} "
+            f"exists ({rec.state.value}); nothing enqueued"
+        )
+    else:
+        click.echo(f"enqueued {rec.task} id {rec.id} queue {rec.queue}")
+
+
+@click.group(invoke_without_command=True)
+@click.option(
+    "--state", type=click.Choice([s.value for s in TaskState]), help="Only tasks in this state."
+)
+@click.option("--task", "task_name", metavar="NAME", help="Only this task.")
+@click.option(
+    "--limit", default=50, show_default=True, type=click.IntRange(1, 100000), help="How many."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_context
+def tasks(
+    ctx: click.Context, state: str | None, task_name: str | None, limit: int, as_json: bool
+) -> None:
+    """Show queued tasks newest first; `tasks retry ID` / `tasks discard ID` change one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _list(ctx.obj, state, task_name, limit, as_json)
+
+
+@handled
+def _list(
+    obj: Context, state: str | None, task_name: str | None, limit: int, as_json: bool
+) -> None:
+    wanted = TaskState(state) if state else None
+    records = obj.call(lambda app: queue.list_tasks(app, wanted, task_name, limit))
+    if as_json:
+        click.echo(render.dumps([render.task_dict(r) for r in records]))
+        return
+    headers = ["ID", "TASK", "STATE", "ATTEMPT", "RUN AT / FINISHED", "KEY", "LAST ERROR"]
+    click.echo(render.table(headers, render.task_rows(records)))
+
+
+@tasks.command("retry")
+@click.argument("task_id", type=int)
+@click.pass_obj
+@handled
+def retry_cmd(obj: Context, task_id: int) -> None:
+    """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
+    rec = obj.call(lambda app: queue.retry_task(app, task_id))
+    click.echo(f"retrying {rec.task} id {rec.id}: available now")
+
+
+@tasks.command("discard")
+@click.argument("task_id", type=int)
+@click.pass_obj
+@handled
+def discard_cmd(obj: Context, task_id: int) -> None:
+    """Discard a task that has not succeeded (a running attempt of it rolls back)."""
+    rec = obj.call(lambda app: queue.discard_task(app, task_id))
+    click.echo(f"discarded {rec.task} id {rec.id}")
+
+
+@click.command()
+@click.option(
+    "--older-than", required=True, metavar="DURATION", help="Age to keep, e.g. 30d (min 1h)."
+)
+@click.pass_obj
+@handled
+def prune(obj: Context, older_than: str) -> None:
+    """Delete finished tasks and slot claims older than --older-than.
+
+    Claims stop slots from running twice: keep them longer than any job's catch-up window
+    plus its retry horizon, or an old slot could run again.
+    """
+    age = parse_duration(older_than, "--older-than")
+    if age < timedelta(hours=1):
+        raise BadInputError(
+            f"--older-than {older_than!r} is under 1h: claims that young still guard slots"
+        )
+    pruned_tasks, pruned_claims = obj.call(lambda app: queue.prune(app, age))
+    click.echo(
+        f"pruned {pruned_tasks} finished tasks and {pruned_claims} claims older than {older_than}"
+    )

@@ -1,0 +1,393 @@
+"""The task queue's side of the store: enqueue in the caller's transaction, leases, batches.
+
+A worker runs a batch of leased tasks in ONE transaction: it first marks them succeeded with
+a compare-and-set on (id, lease_token), which also locks the rows, then runs each task in a
+savepoint of its own. A task that raises rolls back to its savepoint and its retry (or end)
+is recorded in the same transaction; a task whose lease was lost is not run at all. The
+commit lands every task's work together with its own ack: one effect per task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from .. import clock
+from ..model import TaskRecord, TaskState
+from . import tasks_sql
+from .claims import _raise_translated
+from .dialect import Dialect
+from .session import AttemptSession
+
+if TYPE_CHECKING:
+    from . import Store
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A task this worker holds a lease on: one attempt to run."""
+
+    id: int
+    task: str
+    args: dict[str, Any]
+    attempt: int
+    queue: str
+    token: str
+
+
+def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
+    """A task row as a TaskRecord."""
+    return TaskRecord(
+        id=row.id,
+        task=row.task,
+        queue=row.queue,
+        args=row.args,
+        state=TaskState(row.state),
+        attempt=row.attempt,
+        run_at=row.run_at,
+        created_at=row.created_at,
+        idempotency_key=row.idempotency_key,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        locked_by=row.locked_by,
+        lease_expires_at=row.lease_expires_at,
+        error=row.error,
+        duplicate=duplicate,
+    )
+
+
+def _statement(dialect: Dialect) -> Any:
+    run_at, delay = tasks_sql.enqueue_times()
+    return tasks_sql.enqueue(dialect.insert(), dialect.now(), dialect.due_at(run_at, delay))
+
+
+def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    now = None if dialect.database_clock else clock.utcnow()
+    params = []
+    for entry in entries:
+        run_at = entry.get("run_at")
+        delay = float(entry.get("delay") or 0.0)
+        if run_at is None and now is not None:
+            run_at = now + timedelta(seconds=delay)
+        params.append(
+            {
+                "p_task": entry["task"],
+                "p_queue": entry["queue"],
+                "p_args": entry["args"],
+                "p_key": entry.get("idempotency_key"),
+                "p_run_at": run_at,
+                "p_delay": delay,
+            }
+        )
+    return params
+
+
+_CHUNK = 1000  # rows per INSERT: well under the drivers' bind-parameter limits
+
+
+def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(rows), _CHUNK):
+        yield rows[start : start + _CHUNK]
+
+
+def _fresh(row: Any, entry: dict[str, Any]) -> TaskRecord:
+    return TaskRecord(
+        id=row.id,
+        task=entry["task"],
+        queue=entry["queue"],
+        args=entry["args"],
+        state=TaskState.AVAILABLE,
+        attempt=0,
+        run_at=row.run_at,
+        created_at=row.created_at,
+        idempotency_key=entry.get("idempotency_key"),
+    )
+
+
+def _merge(
+    entries: Sequence[dict[str, Any]], inserted: list[Any], existing: list[Any]
+) -> list[TaskRecord]:
+    """The records in the order of `entries`: new rows, then the existing ones for known keys."""
+    new_keyed = {(r.task, r.idempotency_key): r for r in inserted if r.idempotency_key}
+    old_keyed = {(r.task, r.idempotency_key): record(r, duplicate=True) for r in existing}
+    unkeyed = iter(sorted((r for r in inserted if not r.idempotency_key), key=lambda r: r.id))
+    out = []
+    done: dict[tuple[str, str], TaskRecord] = {}
+    for entry in entries:
+        key = entry.get("idempotency_key")
+        if key is None:
+            out.append(_fresh(next(unkeyed), entry))
+            continue
+        pair = (entry["task"], key)
+        if pair in done:  # the same key twice in one call: the second is a duplicate
+            out.append(dataclasses.replace(done[pair], duplicate=True))
+        elif pair in new_keyed:
+            done[pair] = _fresh(new_keyed[pair], entry)
+            out.append(done[pair])
+        else:
+            done[pair] = old_keyed[pair]
+            out.append(done[pair])
+    return out
+
+
+def _missing(entries: Sequence[dict[str, Any]], inserted: list[Any]) -> dict[str, list[str]]:
+    new = {(r.task, r.idempotency_key) for r in inserted}
+    missing: dict[str, list[str]] = {}
+    for entry in entries:
+        key = entry.get("idempotency_key")
+        if key is not None and (entry["task"], key) not in new:
+            missing.setdefault(entry["task"], []).append(key)
+    return missing
+
+
+async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+    """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
+
+    Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
+    """
+    from . import dialect_for
+
+    conn = await session.connection()
+    dialect = dialect_for(conn.dialect.name)
+    try:
+        inserted: list[Any] = []
+        for chunk in _chunks(_params(dialect, entries)):
+            bulk = dialect.bulk_enqueue(chunk)
+            if bulk is not None:
+                inserted += (await session.execute(*bulk)).all()
+            else:
+                inserted += (await session.execute(_statement(dialect), chunk)).all()
+        existing: list[Any] = []
+        for task, keys in _missing(entries, inserted).items():
+            existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
+    except DBAPIError as exc:
+        _raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
+def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+    """`enqueue` for a synchronous Session (Django, Flask, scripts)."""
+    from . import dialect_for
+
+    dialect = dialect_for(session.connection().dialect.name)
+    try:
+        inserted: list[Any] = []
+        for chunk in _chunks(_params(dialect, entries)):
+            bulk = dialect.bulk_enqueue(chunk)
+            if bulk is not None:
+                inserted += session.execute(*bulk).all()
+            else:
+                inserted += session.execute(_statement(dialect), chunk).all()
+        existing: list[Any] = []
+        for task, keys in _missing(entries, inserted).items():
+            existing += session.execute(tasks_sql.by_keys(task, keys)).all()
+    except DBAPIError as exc:
+        _raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
+async def _lease(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    queues: Sequence[str] | None,
+    limit: int,
+    token: str,
+    by: str,
+    lease: float,
+) -> list[Leased]:
+    stmt = tasks_sql.fetch(queues, limit, token, by, dialect.now(), dialect.after(lease))
+    rows = (await conn.execute(stmt)).all()
+    leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+    leased.sort(key=lambda item: item.id)
+    return leased
+
+
+SAVEPOINT = "oncely_task"
+_TOUCHED = "oncely.touched"
+
+
+class TaskSession(AttemptSession):
+    """A task's session inside a batch: its first statement opens the task's savepoint."""
+
+
+@event.listens_for(TaskSession, "after_begin")
+def _open_savepoint(session: Session, _transaction: Any, connection: Connection) -> None:
+    # Lazily, so a task that never touches the database costs no round trip. The name is
+    # constant (one prepared statement); savepoints are not released, so they nest, and
+    # ROLLBACK TO reaches the newest one: the failing task's own.
+    connection.exec_driver_sql(f"SAVEPOINT {SAVEPOINT}")
+    session.info[_TOUCHED] = True
+
+
+class Batch:
+    """One transaction running several leased tasks, each in a savepoint of its own."""
+
+    def __init__(self, conn: AsyncConnection, dialect: Dialect, ack_one: Any) -> None:
+        self.conn = conn
+        self.dialect = dialect
+        self._ack_one = ack_one
+
+    def session(self) -> AsyncSession:
+        """A session for one task; it never commits or rolls back the batch's transaction."""
+        return AsyncSession(
+            bind=self.conn,
+            join_transaction_mode="rollback_only",
+            sync_session_class=TaskSession,
+            expire_on_commit=False,
+        )
+
+    @staticmethod
+    def touched(session: AsyncSession) -> bool:
+        """Whether the task's session ran a statement (and so opened its savepoint)."""
+        return bool(session.sync_session.info.get(_TOUCHED))
+
+    async def ack_in(self, session: AsyncSession, item: Leased) -> bool:
+        """In the task's savepoint, after its work: mark it succeeded iff the lease is ours."""
+        params = {"p_id": item.id, "p_token": item.token}
+        return (await session.execute(self._ack_one, params)).first() is not None
+
+    async def undo(self, session: AsyncSession) -> None:
+        """Roll the task's work back to its savepoint (the batch's other work stays)."""
+        if self.touched(session):
+            await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+
+    async def ack(self, leased: Sequence[Leased]) -> set[int]:
+        """Mark tasks that did no database work succeeded iff their leases are still ours."""
+        held: set[int] = set()
+        by_token: dict[str, list[int]] = {}
+        for item in leased:
+            by_token.setdefault(item.token, []).append(item.id)
+        for token, ids in by_token.items():
+            rows = await self.conn.execute(tasks_sql.ack(ids, token, self.dialect.now()))
+            held.update(r.id for r in rows)
+        return held
+
+    async def lease(
+        self, queues: Sequence[str] | None, limit: int, token: str, by: str, lease: float
+    ) -> list[Leased]:
+        """Lease the next tasks in this transaction: they commit with this batch's acks, so a
+        busy worker pays one commit per batch, not two."""
+        return await _lease(self.conn, self.dialect, queues, limit, token, by, lease)
+
+    async def outcome(
+        self, item: Leased, state: TaskState, wait: float | None, error: str | None
+    ) -> bool:
+        """Record a task's retry (in `wait` seconds) or end, after its savepoint rolled back;
+        False if the lease is no longer ours (nothing recorded)."""
+        run_at = self.dialect.after(wait) if wait is not None else None
+        stmt = tasks_sql.record_outcome(
+            item.id, item.token, state.value, run_at, error, self.dialect.now()
+        )
+        return bool((await self.conn.execute(stmt)).rowcount)
+
+
+class TaskStore:
+    """Leases, batches and the operator's views of the oncely_tasks table."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.dialect = store.dialect
+        self._ack_one = tasks_sql.ack_one(self.dialect.now())
+
+    async def fetch(
+        self,
+        conn: AsyncConnection,
+        queues: Sequence[str] | None,
+        limit: int,
+        token: str,
+        by: str,
+        lease: float,
+    ) -> list[Leased]:
+        """Lease up to `limit` due tasks in a transaction of their own (the attempt counts)."""
+        with self.store.translate():
+            async with conn.begin():
+                return await _lease(conn, self.dialect, queues, limit, token, by, lease)
+
+    @contextlib.asynccontextmanager
+    async def batch(self, conn: AsyncConnection) -> AsyncIterator[Batch]:
+        """A transaction on `conn` that commits on a normal exit and rolls back otherwise."""
+        with self.store.translate():
+            async with conn.begin():
+                yield Batch(conn, self.dialect, self._ack_one)
+                await self.dialect.durable(conn)  # before the commit, not before the tasks
+
+    async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
+        """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""
+        if not leased:
+            return set()
+        stmt = tasks_sql.heartbeat(
+            [t.id for t in leased], sorted({t.token for t in leased}), self.dialect.after(lease)
+        )
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                return {r.id for r in await conn.execute(stmt)}
+
+    async def release(self, leased: Sequence[Leased], *, started: bool = False) -> None:
+        """Give back leased tasks at once; `started=False` does not count the attempt."""
+        by_token: dict[str, list[int]] = {}
+        for item in leased:
+            by_token.setdefault(item.token, []).append(item.id)
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                for token, ids in by_token.items():
+                    await conn.execute(
+                        tasks_sql.release(ids, token, self.dialect.now(), started=started)
+                    )
+
+    async def rescue(self, limit: int = 1000) -> list[Any]:
+        """Make tasks with an expired lease available again; (id, task, attempt, locked_by)."""
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                return list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
+
+    # -- the operator's views -----------------------------------------------------------
+
+    async def listing(
+        self, state: TaskState | None, task: str | None, limit: int
+    ) -> list[TaskRecord]:
+        """Tasks newest first."""
+        stmt = tasks_sql.listing(state.value if state else None, task, limit)
+        return [record(r) for r in await self.store._read(stmt)]
+
+    async def get(self, task_id: int) -> TaskRecord | None:
+        """One task, or None."""
+        rows = await self.store._read(tasks_sql.get(task_id))
+        return record(rows[0]) if rows else None
+
+    async def _change(self, stmt: Any) -> TaskRecord | None:
+        await self.store.ensure_schema()
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                row = (await conn.execute(stmt)).first()
+        return record(row) if row is not None else None
+
+    async def retry_now(self, task_id: int) -> TaskRecord | None:
+        """Make a dead, discarded or waiting task run now; None if it is in no such state."""
+        return await self._change(tasks_sql.retry_now(task_id, self.dialect.now()))
+
+    async def discard(self, task_id: int) -> TaskRecord | None:
+        """Discard a task that has not succeeded; None if it is in no such state."""
+        return await self._change(tasks_sql.discard(task_id, self.dialect.now()))
+
+    async def prune(self, before: datetime) -> tuple[int, int]:
+        """Delete tasks finished before `before` and claims made before it; (tasks, claims)."""
+        await self.store.ensure_schema()
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                pruned_tasks = (await conn.execute(tasks_sql.prune_tasks(before))).rowcount
+                pruned_claims = (await conn.execute(tasks_sql.prune_claims(before))).rowcount
+        return int(pruned_tasks or 0), int(pruned_claims or 0)
+
+    async def count(self) -> dict[str, int]:
+        """How many tasks are in each state."""
+        return {r[0]: int(r[1]) for r in await self.store._read(tasks_sql.counts())}

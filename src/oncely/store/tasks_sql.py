@@ -1,0 +1,255 @@
+"""Every statement the task queue runs, named, each with its one purpose.
+
+`now` and `until` are database-time expressions from the dialect (`clock_timestamp()` and
+`clock_timestamp() + interval` on Postgres, this machine's clock on SQLite). Leases are
+compare-and-set on (id, lease_token): a worker's token changes hands only through `fetch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from .tables import runs, tasks
+
+AVAILABLE, RUNNING, SUCCEEDED, DISCARDED, DEAD = (
+    "available",
+    "running",
+    "succeeded",
+    "discarded",
+    "dead",
+)
+FINISHED = (SUCCEEDED, DISCARDED, DEAD)
+
+_FETCHED = (tasks.c.id, tasks.c.task, tasks.c.args, tasks.c.attempt, tasks.c.queue)
+
+
+def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
+    """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay),
+    executemany; a row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
+    Postgres inserts them all in one round trip instead (postgres.ENQUEUE)."""
+    return (
+        insert(tasks)
+        .values(
+            task=sa.bindparam("p_task"),
+            queue=sa.bindparam("p_queue"),
+            args=sa.bindparam("p_args", type_=tasks.c.args.type),
+            state=AVAILABLE,
+            attempt=0,
+            run_at=run_at,
+            created_at=created_at,
+            idempotency_key=sa.bindparam("p_key", type_=sa.String()),
+        )
+        .on_conflict_do_nothing(index_elements=[tasks.c.task, tasks.c.idempotency_key])
+        .returning(*ENQUEUED)
+    )
+
+
+ENQUEUED = (tasks.c.id, tasks.c.task, tasks.c.idempotency_key, tasks.c.run_at, tasks.c.created_at)
+"""What an enqueue reads back of each new row (the rest it knows already)."""
+
+
+def enqueue_times() -> tuple[Any, Any]:
+    """The bound run_at (a time or NULL) and delay (seconds) of an enqueue's parameter set."""
+    return (
+        sa.bindparam("p_run_at", type_=tasks.c.run_at.type),
+        sa.bindparam("p_delay", type_=sa.Float()),
+    )
+
+
+def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
+    """The retained tasks of one task name with these idempotency keys."""
+    return sa.select(tasks).where(tasks.c.task == task, tasks.c.idempotency_key.in_(keys))
+
+
+def fetch(
+    queues: Sequence[str] | None, limit: int, token: str, by: str, now: Any, until: Any
+) -> Any:
+    """Lease up to `limit` due tasks (skipping rows other workers hold): one attempt each."""
+    due = (
+        sa.select(tasks.c.id)
+        .where(tasks.c.state == AVAILABLE, tasks.c.run_at <= now)
+        .order_by(tasks.c.run_at, tasks.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    if queues is not None:
+        due = due.where(tasks.c.queue.in_(list(queues)))
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(due.scalar_subquery()))
+        .values(
+            state=RUNNING,
+            attempt=tasks.c.attempt + 1,
+            lease_token=token,
+            locked_by=by,
+            started_at=now,
+            lease_expires_at=until,
+            finished_at=None,
+        )
+        .returning(*_FETCHED)
+    )
+
+
+def ack(ids: Sequence[int], token: str, now: Any) -> Any:
+    """Mark leased tasks succeeded iff the lease is still ours; RETURNING the ids that were.
+
+    Runs inside the task's own transaction (savepoint), after its work: the row stays locked
+    until that work commits with it. A worker whose lease was taken over matches no row.
+    """
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
+        .returning(tasks.c.id)
+    )
+
+
+def ack_one(now: Any) -> sa.Update:
+    """`ack` for one task, built once: bound p_id and p_token (the hot path of a worker)."""
+    return (
+        sa.update(tasks)
+        .where(
+            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
+            tasks.c.state == RUNNING,
+        )
+        .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
+        .returning(tasks.c.id)
+    )
+
+
+def record_outcome(
+    task_id: int, token: str, state: str, run_at: Any, error: str | None, now: Any
+) -> sa.Update:
+    """After a task's work rolled back: its retry time (available) or its end (discarded/dead),
+    iff the lease is still ours."""
+    values: dict[str, Any] = {"state": state, "error": error, "lease_expires_at": None}
+    if state == AVAILABLE:
+        values.update(run_at=run_at, finished_at=None, lease_token=None)
+    else:
+        values["finished_at"] = now
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id == task_id, tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(**values)
+    )
+
+
+def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any) -> Any:
+    """Extend the leases this worker still holds; RETURNING the ids whose lease was extended."""
+    held = (
+        sa.select(tasks.c.id)
+        .where(
+            tasks.c.id.in_(list(ids)),
+            tasks.c.lease_token.in_(list(tokens)),
+            tasks.c.state == RUNNING,
+        )
+        .with_for_update(skip_locked=True)
+    )
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(held.scalar_subquery()))
+        .values(lease_expires_at=until)
+        .returning(tasks.c.id)
+    )
+
+
+def release(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Update:
+    """Give back leased tasks now: ones that never started (a worker stopping) lose the
+    attempt; ones whose batch rolled back keep it."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(
+            state=AVAILABLE,
+            attempt=tasks.c.attempt if started else tasks.c.attempt - 1,
+            run_at=now,
+            lease_token=None,
+            locked_by=None,
+            lease_expires_at=None,
+        )
+    )
+
+
+def rescue(now: Any, limit: int) -> Any:
+    """Make tasks whose lease ran out (their worker died or stalled) available again."""
+    expired = (
+        sa.select(tasks.c.id)
+        .where(tasks.c.state == RUNNING, tasks.c.lease_expires_at < now)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(expired.scalar_subquery()))
+        .values(
+            state=AVAILABLE,
+            run_at=now,
+            lease_token=None,
+            lease_expires_at=None,
+            error=sa.literal("LeaseExpired: the worker stopped renewing its lease (it died?)"),
+        )
+        .returning(tasks.c.id, tasks.c.task, tasks.c.attempt, tasks.c.locked_by)
+    )
+
+
+def listing(state: str | None, task: str | None, limit: int) -> sa.Select[Any]:
+    """Tasks newest first, optionally of one state and one task name."""
+    stmt = sa.select(tasks).order_by(tasks.c.id.desc()).limit(limit)
+    if state is not None:
+        stmt = stmt.where(tasks.c.state == state)
+    if task is not None:
+        stmt = stmt.where(tasks.c.task == task)
+    return stmt
+
+
+def get(task_id: int) -> sa.Select[Any]:
+    """One task by id."""
+    return sa.select(tasks).where(tasks.c.id == task_id)
+
+
+def retry_now(task_id: int, now: Any) -> Any:
+    """Re-run a dead, discarded or waiting task now, with a fresh set of attempts."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id == task_id, tasks.c.state.in_([DEAD, DISCARDED, AVAILABLE]))
+        .values(
+            state=AVAILABLE,
+            attempt=0,
+            run_at=now,
+            finished_at=None,
+            lease_token=None,
+            locked_by=None,
+            lease_expires_at=None,
+        )
+        .returning(*tasks.c)
+    )
+
+
+def discard(task_id: int, now: Any) -> Any:
+    """Discard a task that has not succeeded; a running attempt then fails its ack."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id == task_id, tasks.c.state.in_([AVAILABLE, RUNNING, DEAD]))
+        .values(state=DISCARDED, finished_at=now, lease_token=None, lease_expires_at=None)
+        .returning(*tasks.c)
+    )
+
+
+def prune_tasks(before: datetime) -> sa.Delete:
+    """Delete finished tasks (succeeded, discarded, dead) that finished before `before`."""
+    return sa.delete(tasks).where(tasks.c.state.in_(FINISHED), tasks.c.finished_at < before)
+
+
+def prune_claims(before: datetime) -> sa.Delete:
+    """Delete slot claims made before `before` (their slots can then run again: see docs)."""
+    return sa.delete(runs).where(runs.c.claimed_at < before)
+
+
+def counts() -> sa.Select[Any]:
+    """How many tasks are in each state."""
+    return sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state)

@@ -1,0 +1,33 @@
+"""Fixtures for the task queue's tests: a migrated app per database, recorded events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from queue_helpers import EFFECTS_DDL, Events  # type: ignore[import-not-found]
+
+from oncely import Oncely
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[Oncely]:
+    """An app on the test database, migrated, with an empty `effects` table."""
+    oncely = Oncely(db_url, lease=5)
+    await oncely.migrate()
+    async with oncely.store.engine.begin() as conn:
+        await conn.execute(sa.text(EFFECTS_DDL))
+    yield oncely
+    await oncely.aclose()
+
+
+@pytest.fixture
+def recorded() -> Any:
+    from oncely import events
+
+    rec = Events()
+    events.subscribe(rec)
+    yield rec
+    events.unsubscribe(rec)

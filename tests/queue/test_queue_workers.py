@@ -1,0 +1,160 @@
+"""Guarantee 6 with real worker processes and real SIGKILL, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from tests.apps.queue_app import EFFECTS_DDL, hang, record, stall
+from tests.apps.queue_soak import soak
+from tests.apps.queue_soak import sync_engine as soak_engine
+from tests.conftest import ROOT, run_cli
+
+WORKER = [
+    sys.executable,
+    str(ROOT / "tests" / "apps" / "queue_worker.py"),
+    "tests.apps.queue_app:app",
+]
+
+
+@pytest.fixture
+def env(db_url: str, sync_engine: sa.Engine, tmp_path: Path) -> dict[str, str]:
+    env = {"ONCELY_DATABASE_URL": db_url, "ONCELY_TEST_SIGNALS": str(tmp_path)}
+    assert run_cli("migrate", cwd=ROOT, env=env).returncode == 0
+    with sync_engine.begin() as conn:
+        conn.exec_driver_sql(EFFECTS_DDL)
+    return env
+
+
+def sync_url(url: str) -> str:
+    return soak_engine(url).url.render_as_string(hide_password=False)
+
+
+def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*WORKER, *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(check, what: str, deadline: float = 120.0):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rows(engine: sa.Engine, query: str) -> list[tuple]:  # type: ignore[type-arg]
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(query))]
+
+
+def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, err
+
+
+def test_queue_tasks_take_effect_once_worker_sigkilled_mid_task(
+    env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """A worker dies with the task's write uncommitted; its lease runs out in database time;
+    another worker runs the task again: one effect, from the second worker."""
+    with Session(sync_engine) as session, session.begin():
+        task_id = hang.enqueue_sync(session, n=1).id
+    first = start(env, "--lease", "1", "--concurrency", "1")
+    marker = wait_until(lambda: sorted(tmp_path.glob("started-1-*")), "the task to start")
+    assert marker[0].name == f"started-1-{first.pid}"
+    first.send_signal(signal.SIGKILL)
+    assert first.wait(timeout=30) == -signal.SIGKILL
+    assert rows(sync_engine, "SELECT n FROM effects") == []
+    (tmp_path / "release").touch()
+    second = start(env, "--lease", "1", "--concurrency", "1")
+    wait_until(
+        lambda: (
+            rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
+            == [("succeeded",)]
+        ),
+        "the second worker to finish the task",
+    )
+    code, err = stop(second)
+    assert code == 0
+    assert rows(sync_engine, "SELECT n, pid FROM effects") == [(1, second.pid)]
+    assert rows(sync_engine, "SELECT attempt FROM oncely_tasks") == [(2,)]
+    assert "task.lease_expired" in err and f"id={task_id}" in err
+
+
+def test_queue_tasks_take_effect_once_lease_stolen_from_a_stalled_worker(
+    env: dict[str, str], db_url: str, sync_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """A worker whose event loop stalls stops renewing its lease; another worker takes the task
+    over and commits; the stalled one wakes up, fails its ack and rolls back: one effect."""
+    if db_url.startswith("sqlite"):
+        pytest.skip(
+            "SQLite has one writer: a stalled worker's open transaction blocks every other "
+            "writer, so its lease cannot be taken over (test_queue_execution covers the ack)"
+        )
+    with Session(sync_engine) as session, session.begin():
+        task_id = stall.enqueue_sync(session, n=1, seconds=60).id
+    workers = [start(env, "--lease", "1", "--concurrency", "1") for _ in range(2)]
+    stalled_file = wait_until(lambda: sorted(tmp_path.glob("stalling-*")), "a worker to stall")
+    stalled_pid = int(stalled_file[0].name.split("-")[1])
+    wait_until(
+        lambda: (
+            rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
+            == [("succeeded",)]
+        ),
+        "the other worker to take the task over",
+    )
+    (tmp_path / "release").touch()  # the stalled worker wakes up and tries to ack
+    outputs = {p.pid: stop(p) for p in workers}
+    assert all(code == 0 for code, _ in outputs.values())
+    (effect,) = rows(sync_engine, "SELECT n, pid FROM effects")
+    assert effect[0] == 1 and effect[1] != stalled_pid
+    assert "task.lease_lost" in outputs[stalled_pid][1]
+    assert rows(sync_engine, "SELECT attempt FROM oncely_tasks") == [(2,)]
+
+
+def test_duplicates_are_observable_many_workers_one_effect_each(
+    env: dict[str, str], sync_engine: sa.Engine
+) -> None:
+    with Session(sync_engine) as session, session.begin():
+        for n in range(300):
+            record.enqueue_sync(session, n=n)
+    workers = [start(env, "--concurrency", "3", "--batch", "5") for _ in range(3)]
+    wait_until(
+        lambda: (
+            rows(sync_engine, "SELECT count(*) FROM oncely_tasks WHERE state = 'succeeded'")
+            == [(300,)]
+        ),
+        "300 tasks",
+    )
+    stopped = [stop(p) for p in workers]
+    assert [code for code, _ in stopped] == [0, 0, 0], [err[-3000:] for _, err in stopped]
+    assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]
+
+
+def test_queue_tasks_take_effect_once_soak(
+    db_url: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """3 workers, 10 % transient failures, a SIGKILL every 0.5 s (short form of the soak)."""
+    # `env` migrated the database; the soak creates `effects` itself.
+    with sa.create_engine(sync_url(db_url)).begin() as conn:
+        conn.exec_driver_sql("DROP TABLE effects")
+    result = soak(db_url, tasks=2000, workers=3, kill_every=0.5, timeout=240, signals=tmp_path)
+    assert result.problems == []
+    assert result.kills >= 1 and result.retries > 0
