@@ -168,14 +168,20 @@ class Oncely:
         stopping: asyncio.Event | None = None,
         handle_signals: bool = False,
         startup_wait: float = 60.0,
+        concurrency: int = 10,
+        lease: float | None = None,
+        queues: list[str] | None = None,
     ) -> None:
-        """Run the scheduled jobs (all, or `jobs`) in this process until `stopping` is set.
+        """Run the scheduled jobs (all, or `jobs`) and the tasks until `stopping` is set.
 
-        Safe in every replica: the slot claim decides who runs each slot. On stop, running
-        attempts get `shutdown_timeout` seconds to finish, then are cancelled (rolled back).
-        With `handle_signals`, SIGTERM and SIGINT set `stopping` (the CLI does this). A
-        database that is unreachable at start is waited for up to `startup_wait` seconds
-        (DatabaseUnavailableError after that); once running, outages are retried forever.
+        Safe in every replica: the slot claim decides who runs each slot, leases decide who
+        runs each task. On stop, running attempts get `shutdown_timeout` seconds to finish,
+        then are cancelled (rolled back). With `handle_signals`, SIGTERM and SIGINT set
+        `stopping` (the CLI does this). A database that is unreachable at start is waited for
+        up to `startup_wait` seconds (DatabaseUnavailableError after that); once running,
+        outages are retried forever. Tasks run `concurrency` transactions at once (0: no
+        tasks here), leased for `lease` seconds (default `Oncely(lease=...)`), from `queues`
+        (default: all).
         """
         from . import worker
 
@@ -187,20 +193,20 @@ class Oncely:
             shutdown_timeout=shutdown_timeout,
             startup_wait=startup_wait,
             handle_signals=handle_signals,
+            concurrency=concurrency,
+            lease=lease,
+            queues=queues,
         )
 
     @contextlib.asynccontextmanager
-    async def worker(
-        self, *, jobs: Sequence[str] | None = None, shutdown_timeout: float = 30.0
-    ) -> AsyncIterator[asyncio.Task[None]]:
+    async def worker(self, **options: Any) -> AsyncIterator[asyncio.Task[None]]:
         """Run the worker in the background for the block's duration (e.g. a FastAPI lifespan).
 
+        `options` are `work()`'s (jobs, shutdown_timeout, concurrency, lease, queues …).
         Leaving the block stops it gracefully; an error that stopped it early is raised then.
         """
         stopping = asyncio.Event()
-        task = asyncio.create_task(
-            self.work(jobs=jobs, shutdown_timeout=shutdown_timeout, stopping=stopping)
-        )
+        task = asyncio.create_task(self.work(**options, stopping=stopping))
         try:
             yield task
         finally:

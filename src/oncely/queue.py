@@ -227,6 +227,7 @@ class Worker:
             self.held[item.id] = item
         after: list[tuple[str, str, int, dict[str, Any]]] = []
         following: list[Leased] = []
+        cancelled = False
         try:
             async with self.store.tasks.batch(conn) as batch:
                 untouched: list[tuple[Leased, float]] = []
@@ -244,6 +245,8 @@ class Worker:
                         self.queues, self.batch, self.token(), self.by, self.lease
                     )
         except asyncio.CancelledError:
+            # Rolled back; the tasks stay in `held` so that consume() hands them back.
+            cancelled = True
             raise
         except Exception as exc:
             events.emit(
@@ -257,8 +260,9 @@ class Worker:
                 await self.store.tasks.release(leased, started=True)
             return []
         finally:
-            for item in leased:
-                self.held.pop(item.id, None)
+            if not cancelled:
+                for item in leased:
+                    self.held.pop(item.id, None)
         for event, text, level, fields in after:
             events.emit(event, text, level=level, **fields)
         return following

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import clock, events
+from . import clock, events, queue
 from .errors import ConfigError, DatabaseUnavailableError, OncelyError
 from .identity import replica_id
 from .model import RunStatus
@@ -360,11 +360,14 @@ def components(
     jobs: Iterable[Job] | None = None,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     startup_wait: float = DEFAULT_STARTUP_WAIT,
+    concurrency: int = queue.DEFAULT_CONCURRENCY,
+    lease: float | None = None,
+    queues: list[str] | None = None,
 ) -> list[Coroutine[Any, Any, None]]:
     """The long-running parts of a worker, all stopped by the same event.
 
-    The scheduled-job loop is the first; the task queue's consumer joins this list
-    (`queue.consume(app, stopping, concurrency=..., lease=...)`).
+    The scheduled-job loop runs the selected jobs; the task queue's consumer runs the app's
+    tasks (`concurrency` transactions at once; 0 turns it off) with the same graceful stop.
     """
     parts: list[Coroutine[Any, Any, None]] = []
     selected = list(jobs) if jobs is not None else list(app.registry)
@@ -377,7 +380,36 @@ def components(
             startup_wait=startup_wait,
         )
         parts.append(loop.run())
+    if len(app.tasks) and concurrency > 0:
+        consumer = queue.consume(app, stopping, concurrency=concurrency, lease=lease, queues=queues)
+        parts.append(_stops_within(consumer, stopping, shutdown_timeout))
     return parts
+
+
+async def _stops_within(
+    part: Coroutine[Any, Any, None], stopping: asyncio.Event, timeout: float
+) -> None:
+    """Run `part`; once `stopping` is set, give it `timeout` seconds, then cancel it."""
+    task = asyncio.create_task(part)
+    stop = asyncio.create_task(stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                events.emit(
+                    "worker.cancelling",
+                    "shutdown timeout reached; cancelling running tasks (rolled back)",
+                    level=logging.WARNING,
+                    replica=replica_id(),
+                )
+                task.cancel()
+        await task
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def serve(
@@ -388,6 +420,9 @@ async def serve(
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     startup_wait: float = DEFAULT_STARTUP_WAIT,
     handle_signals: bool = False,
+    concurrency: int = queue.DEFAULT_CONCURRENCY,
+    lease: float | None = None,
+    queues: list[str] | None = None,
 ) -> None:
     """Run every component until `stopping` is set (or SIGTERM/SIGINT, with handle_signals)."""
     loop = asyncio.get_running_loop()
@@ -398,7 +433,14 @@ async def serve(
                 loop.add_signal_handler(sig, _on_signal, stopping, sig)
                 installed.append(sig)
     parts = components(
-        app, stopping, jobs=jobs, shutdown_timeout=shutdown_timeout, startup_wait=startup_wait
+        app,
+        stopping,
+        jobs=jobs,
+        shutdown_timeout=shutdown_timeout,
+        startup_wait=startup_wait,
+        concurrency=concurrency,
+        lease=lease,
+        queues=queues,
     )
     tasks = [asyncio.create_task(part) for part in parts]
     try:

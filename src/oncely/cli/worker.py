@@ -11,6 +11,7 @@ from .metrics import metrics_options, start_metrics
 
 
 def _job_list(value: str | None) -> list[str] | None:
+    """A comma-separated option as a list (None when not given)."""
     if not value:
         return None
     return [name.strip() for name in value.split(",") if name.strip()]
@@ -34,6 +35,21 @@ def _job_list(value: str | None) -> list[str] | None:
     metavar="SECONDS",
     help="How long to wait at start for an unreachable database before exiting with 2.",
 )
+@click.option(
+    "--concurrency",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Task transactions to run at once in this process (0: run no tasks here).",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="How long a task stays leased to this worker without a heartbeat "
+    "[default: Oncely(lease=...), 30].",
+)
+@click.option("--queues", metavar="A,B", help="Run only tasks of these queues (default: all).")
 @metrics_options
 @click.pass_obj
 @handled
@@ -42,10 +58,13 @@ def worker(
     jobs: str | None,
     shutdown_timeout: float,
     startup_wait: float,
+    concurrency: int,
+    lease: float | None,
+    queues: str | None,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
-    """Run the due slots of the app's jobs until SIGTERM/SIGINT (then exit 0)."""
+    """Run the app's due job slots and its tasks until SIGTERM/SIGINT (then exit 0)."""
     names = _job_list(jobs)
     if names is not None:
         for name in names:
@@ -60,6 +79,9 @@ def worker(
                 shutdown_timeout=shutdown_timeout,
                 startup_wait=startup_wait,
                 handle_signals=True,
+                concurrency=concurrency,
+                lease=lease,
+                queues=_job_list(queues),
             )
         finally:
             await app.aclose()
