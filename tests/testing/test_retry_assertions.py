@@ -157,3 +157,27 @@ def test_a_policy_that_is_handed_now() -> None:
     assert_waits(policy, GatewayTimeout(), [(10, 10), (20, 20)], samples=2)
     with pytest.raises(AssertionError, match=r"ranged 20s\.\.20s"):
         assert_waits(policy, GatewayTimeout(), [(10, 10), (5, 15)], samples=2)
+
+
+def test_the_assertions_on_oncelys_own_retry_policy() -> None:
+    """The article's charge_order policy, asserted with the toolkit on the real RetryPolicy."""
+    from oncely import RetryPolicy
+
+    policy = RetryPolicy(
+        attempts=5,
+        wait=3,
+        backoff="fixed",
+        jitter=0.1,
+        retry_on=[GatewayTimeout],
+        discard_on=[OrderGone],
+    )
+    assert_retries(policy, GatewayTimeout(), attempts=5)
+    assert_discards(policy, OrderGone())
+    assert_not_retried(policy, KeyError("not in retry_on"))
+    assert_waits(policy, GatewayTimeout(), [(2.7, 3.3)] * 4)
+    with pytest.raises(AssertionError):
+        assert_retries(policy, GatewayTimeout(), attempts=6)  # a refactor that retried once more
+    with pytest.raises(AssertionError):
+        assert_waits(policy, GatewayTimeout(), [(2.9, 3.1)])  # jitter leaves a too-tight bound
+    with pytest.raises(AssertionError):
+        assert_discards(policy, GatewayTimeout())
