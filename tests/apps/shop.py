@@ -74,3 +74,19 @@ async def bonus_outside(db, now):  # type: ignore[no-untyped-def]
     """NOT idempotent across a crash: the provider call has no key."""
     provider().charge(500)
     await db.execute(INSERT_PAYMENT, {"o": 0, "c": "bonus"})
+
+
+@app.task
+async def charge_order_task(db, order_id: int) -> None:  # type: ignore[no-untyped-def]
+    """The article's handler as an oncely task: the payment row commits with the task's ack,
+    and the charge carries a key derived from the order."""
+    charge = provider().charge(1000, idempotency_key=idempotency_key("charge", order_id))
+    await db.execute(INSERT_PAYMENT, {"o": order_id, "c": charge["id"]})
+
+
+@app.task
+async def charge_order_task_key_outside(db, order_id: int) -> None:  # type: ignore[no-untyped-def]
+    """NOT idempotent across a crash: the charge has no idempotency key, an effect outside the
+    transaction that a crash before the commit cannot take back."""
+    charge = provider().charge(1000)
+    await db.execute(INSERT_PAYMENT, {"o": order_id, "c": charge["id"]})

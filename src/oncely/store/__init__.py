@@ -37,7 +37,7 @@ from ..errors import (
     SchemaMissingError,
 )
 from ..model import Claim
-from . import sql
+from . import sql, tasks_sql
 from .dialect import ClaimOutcome, Dialect
 from .migrations import LATEST, MIGRATIONS
 from .postgres import PostgresDialect
@@ -387,9 +387,10 @@ class Store:
         return sql.claim(self.dialect.insert(), job, key, None, claimed_by, self.dialect.now())
 
     async def clear(self) -> int:
-        """Delete every claim (for test databases); how many there were."""
+        """Delete every claim and every task (for test databases); how many claims there were."""
         with self.translate():
             async with self.engine.begin() as conn:
+                await conn.execute(tasks_sql.clear())
                 return int((await conn.execute(sql.clear())).rowcount)
 
     # -- the ledger ---------------------------------------------------------------------

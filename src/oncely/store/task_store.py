@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from .. import clock
+from .. import clock, hooks
 from ..model import TaskRecord, TaskState
 from . import tasks_sql
 from .claims import _raise_translated
@@ -236,6 +236,8 @@ class Batch:
         self.conn = conn
         self.dialect = dialect
         self._ack_one = ack_one
+        self.acked: list[Leased] = []
+        """The tasks this batch acked: they succeed iff the batch commits."""
 
     def session(self) -> AsyncSession:
         """A session for one task; it never commits or rolls back the batch's transaction."""
@@ -254,7 +256,10 @@ class Batch:
     async def ack_in(self, session: AsyncSession, item: Leased) -> bool:
         """In the task's savepoint, after its work: mark it succeeded iff the lease is ours."""
         params = {"p_id": item.id, "p_token": item.token}
-        return (await session.execute(self._ack_one, params)).first() is not None
+        held = (await session.execute(self._ack_one, params)).first() is not None
+        if held:
+            self.acked.append(item)
+        return held
 
     async def undo(self, session: AsyncSession) -> None:
         """Roll the task's work back to its savepoint (the batch's other work stays)."""
@@ -270,6 +275,7 @@ class Batch:
         for token, ids in by_token.items():
             rows = await self.conn.execute(tasks_sql.ack(ids, token, self.dialect.now()))
             held.update(r.id for r in rows)
+        self.acked += [item for item in leased if item.id in held]
         return held
 
     async def lease(
@@ -315,11 +321,19 @@ class TaskStore:
 
     @contextlib.asynccontextmanager
     async def batch(self, conn: AsyncConnection) -> AsyncIterator[Batch]:
-        """A transaction on `conn` that commits on a normal exit and rolls back otherwise."""
+        """A transaction on `conn` that commits on a normal exit and rolls back otherwise
+        (on any exception, BaseExceptions included: a test's simulated crash).
+
+        Just before the commit, `hooks.before_commit(task, str(id))` is called for each acked
+        task: the seam where the testing toolkit stops a worker between work and commit.
+        """
         with self.store.translate():
             async with conn.begin():
-                yield Batch(conn, self.dialect, self._ack_one)
+                batch = Batch(conn, self.dialect, self._ack_one)
+                yield batch
                 await self.dialect.durable(conn)  # before the commit, not before the tasks
+                for item in batch.acked:
+                    hooks.before_commit(item.task, str(item.id))
 
     async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
         """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""

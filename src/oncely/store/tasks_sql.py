@@ -253,3 +253,8 @@ def prune_claims(before: datetime) -> sa.Delete:
 def counts() -> sa.Select[Any]:
     """How many tasks are in each state."""
     return sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state)
+
+
+def clear() -> sa.Delete:
+    """Delete every task (test databases only)."""
+    return sa.delete(tasks)

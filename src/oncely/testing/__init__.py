@@ -32,6 +32,7 @@ from .retry import (
     retry_schedule,
 )
 from .targets import Call, Delivery, JobSlot, Target, register_target_kind
+from .task_target import TaskRun
 
 __all__ = [
     "AppliedEffect",
@@ -48,6 +49,7 @@ __all__ = [
     "ProviderError",
     "SimulatedCrash",
     "Target",
+    "TaskRun",
     "as_decider",
     "assert_discards",
     "assert_not_retried",
