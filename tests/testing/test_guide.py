@@ -28,7 +28,13 @@ def _write_guide(directory: Path) -> list[str]:
 def _run_guide(tmp_path: Path, *args: str, write: bool = True) -> subprocess.CompletedProcess[str]:
     if write:
         names = _write_guide(tmp_path)
-        assert {"orders.py", "conftest.py", "test_article.py", "test_once.py"} <= set(names)
+        assert {
+            "orders.py",
+            "conftest.py",
+            "test_article.py",
+            "test_once.py",
+            "test_task.py",
+        } <= set(names)
     plugin = (
         []
         if "oncely.testing.plugin" in {ep.name for ep in entry_points(group="pytest11")}
@@ -48,14 +54,14 @@ def _run_guide(tmp_path: Path, *args: str, write: bool = True) -> subprocess.Com
 def test_the_guide_passes_on_sqlite(tmp_path: Path) -> None:
     proc = _run_guide(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"\b8 passed\b", proc.stdout), proc.stdout[-2000:]
+    assert re.search(r"\b11 passed\b", proc.stdout), proc.stdout[-2000:]
 
 
 @pytest.mark.postgres
 def test_the_guide_passes_on_postgres(tmp_path: Path, postgres_database: str) -> None:
     proc = _run_guide(tmp_path, "--oncely-db-url", postgres_database)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"\b8 passed\b", proc.stdout), proc.stdout[-2000:]
+    assert re.search(r"\b11 passed\b", proc.stdout), proc.stdout[-2000:]
 
 
 def test_the_guide_fails_with_a_handler_that_is_not_idempotent(tmp_path: Path) -> None:
@@ -72,3 +78,4 @@ def test_the_guide_fails_with_a_handler_that_is_not_idempotent(tmp_path: Path) -
     assert proc.returncode == 1, proc.stdout[-4000:]
     assert "2 effects landed" in proc.stdout
     assert "assert 2 == 1" in proc.stdout  # the article's own crash test fails too
+    assert "FAILED test_task.py::test_charge_task_recovers_after_crash" in proc.stdout

@@ -167,3 +167,67 @@ async def test_clear_empties_the_tasks_too(shop_app: Oncely, fake_provider: Fake
     await shop_app.store.clear()
     assert await shop_app.store.tasks.listing(None, None, 10) == []
     assert await shop_app.history("@effect") == []
+
+
+async def test_a_worker_calls_the_seam_for_each_acked_task_before_its_commit(
+    db_url: str, sync_engine: sa.Engine
+) -> None:
+    """The seam a crash test stops at: once per acked task (with or without database work),
+    while the batch is still uncommitted; never for a task that failed."""
+    import asyncio
+
+    from oncely import hooks
+    from oncely.queue import consume
+
+    app = Oncely(db_url, lease=5)
+    await app.migrate()
+    async with app.store.engine.begin() as conn:
+        await conn.execute(sa.text("CREATE TABLE marks (n integer)"))
+
+    @app.task
+    async def writes(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(sa.text("INSERT INTO marks VALUES (:n)"), {"n": n})
+
+    @app.task
+    async def no_database(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    @app.task
+    async def fails(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        raise ValueError(n)
+
+    seen: list[tuple[str, str, str]] = []
+
+    def at_commit(task: str, key: str) -> None:
+        # What another connection sees: the ack is not committed yet.
+        with sync_engine.connect() as conn:
+            query = sa.text("SELECT state FROM oncely_tasks WHERE id = :id")
+            state = conn.execute(query, {"id": int(key)}).scalar_one()
+        seen.append((task, key, state))
+
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    async with AsyncSession(app.store.engine) as db, db.begin():
+        ids = [
+            (await writes.enqueue(db, n=1)).id,
+            (await no_database.enqueue(db, n=2)).id,
+            (await fails.enqueue(db, n=3)).id,
+        ]
+    hooks.add_before_commit(at_commit)
+    stopping = asyncio.Event()
+    worker = asyncio.create_task(consume(app, stopping, concurrency=1, poll=0.05))
+    try:
+        for _ in range(1500):
+            counts = await app.store.tasks.count()
+            if counts.get("succeeded") == 2:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stopping.set()
+        await asyncio.wait_for(worker, 30)
+        hooks.remove_before_commit(at_commit)
+        await app.aclose()
+    assert sorted(seen) == [
+        ("no_database", str(ids[1]), "running"),
+        ("writes", str(ids[0]), "running"),
+    ]

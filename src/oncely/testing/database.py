@@ -25,7 +25,7 @@ async def using_database(app: Oncely, database: Database) -> AsyncIterator[Oncel
 
 
 async def prepare_database(url: str) -> None:
-    """Create oncely's tables in `url` if missing and delete every claim (a clean ledger)."""
+    """Create oncely's tables in `url` if missing; delete every claim and task (a clean ledger)."""
     app = Oncely(url)
     try:
         await app.migrate()

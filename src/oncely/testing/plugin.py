@@ -1,7 +1,7 @@
 """oncely's pytest plugin (entry point `oncely.testing.plugin`): a real database and fakes.
 
 Fixtures:
-  oncely_db_url   a database with oncely's tables and an empty ledger: the Postgres URL from
+  oncely_db_url   a database with oncely's tables, an empty ledger and task queue: Postgres from
                   `--oncely-db-url` or $ONCELY_TEST_DB_URL, else a new SQLite file per test
   fake_provider   a FakeProvider in the test's tmp_path; child processes find it through
                   $ONCELY_FAKE_PROVIDER (`FakeProvider.from_env()`)
