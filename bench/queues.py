@@ -1,7 +1,7 @@
 """Queue benchmark: oncely, procrastinate and pgqueuer side by side, on one Postgres, in one run.
 
     pip install -r bench/requirements.txt
-    python bench/queue.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
+    python bench/queues.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
 For each system, in a fresh database of its own: enqueue rate (one task per transaction, and
 batches), drain throughput of N no-op tasks and of N tasks that insert one row, at each
@@ -15,20 +15,14 @@ Never a test: numbers depend on the machine.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as a script, this file's directory comes first on sys.path and this file would shadow
-# the standard library's `queue` module for every library imported below.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
