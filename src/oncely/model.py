@@ -16,6 +16,8 @@ class RunStatus(str, enum.Enum):
     """The slot was already claimed (a duplicate): the job was not called."""
     BUSY = "busy"
     """Another process is running this slot right now: the job was not called."""
+    OVERLAP = "overlap"
+    """`overlap="skip"`: another slot of this job is running right now; not started."""
     FAILED = "failed"
     """The job raised (or the attempt died): everything rolled back, the slot is free."""
 

@@ -68,11 +68,27 @@ async def run_slot(
         **(context or {}),
     }
     async with store.attempt() as session:
-        outcome = await store.lock_and_claim(session, job.name, key, slot, replica, busy_ms=busy_ms)
+        outcome = await store.lock_and_claim(
+            session,
+            job.name,
+            key,
+            slot,
+            replica,
+            busy_ms=busy_ms,
+            exclusive=job.overlap == "skip",
+        )
         if outcome is ClaimOutcome.BUSY:
             await store.abandon(session)
             events.emit("run.busy", "another process is running this slot", **fields)
             return result(RunStatus.BUSY)
+        if outcome is ClaimOutcome.OVERLAP:
+            await store.abandon(session)
+            events.emit(
+                "run.overlap_skipped",
+                "another slot of this job is still running; not started (overlap=skip)",
+                **fields,
+            )
+            return result(RunStatus.OVERLAP)
         if outcome is ClaimOutcome.TAKEN:
             claim = await store.claim_in(session, job.name, key)
             await store.abandon(session)

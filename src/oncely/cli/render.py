@@ -35,6 +35,8 @@ def run_line(result: RunResult) -> str:
         return f"{head}: already ran{by}"
     if result.status is RunStatus.BUSY:
         return f"{head}: another process is running this slot"
+    if result.status is RunStatus.OVERLAP:
+        return f"{head}: another slot of this job is still running (overlap=skip)"
     error = result.error
     return f"{head}: {type(error).__name__}: {error}; rolled back; the slot is free"
 

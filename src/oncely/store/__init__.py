@@ -291,15 +291,17 @@ class Store:
         claimed_by: str,
         *,
         busy_ms: int = 200,
+        exclusive: bool = False,
     ) -> ClaimOutcome:
         """Open the attempt's transaction, take the slot's lock without queueing, and claim.
 
         `busy_ms` bounds how long SQLite may wait for its write lock before answering BUSY;
-        Postgres never waits (its lock is a try-lock).
+        Postgres never waits (its lock is a try-lock). With `exclusive`, OVERLAP if another
+        slot of the same job is running anywhere.
         """
         with self.translate():
             return await self.dialect.lock_and_claim(
-                session, job, key, scheduled_for, claimed_by, busy_ms
+                session, job, key, scheduled_for, claimed_by, busy_ms, exclusive
             )
 
     async def claim_in(self, session: AsyncSession, job: str, key: str) -> Claim | None:

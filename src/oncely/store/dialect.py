@@ -28,6 +28,8 @@ class ClaimOutcome(enum.Enum):
     """A committed claim already exists: the slot ran before."""
     BUSY = "busy"
     """Another transaction holds the slot right now."""
+    OVERLAP = "overlap"
+    """Another slot of the same job is running right now (asked for with `exclusive`)."""
 
 
 class Dialect(abc.ABC):
@@ -93,8 +95,13 @@ class Dialect(abc.ABC):
         scheduled_for: datetime | None,
         claimed_by: str,
         busy_ms: int,
+        exclusive: bool = False,
     ) -> ClaimOutcome:
-        """In the session's new transaction: take the slot's lock without waiting, then claim."""
+        """In the session's new transaction: take the slot's lock without waiting, then claim.
+
+        With `exclusive`, also take the job's lock without waiting: while one slot of the job
+        runs anywhere, another slot's attempt answers OVERLAP (a job's `overlap="skip"`).
+        """
 
     @abc.abstractmethod
     async def lock_migrations(self, conn: AsyncConnection) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
+from . import sql
 from .dialect import ClaimOutcome, Dialect
 from .tables import UTCDateTime
 
@@ -24,21 +25,30 @@ from .tables import UTCDateTime
 LOCK_NAMESPACE = 0x6F6E6365
 _MIGRATION_LOCK = 0
 
-# Lock and claim in one round trip: the lock CTE runs once (it is volatile and referenced
-# twice); the insert runs only if the lock was ours; the row says which case we are in.
+# The first key of the job-wide locks that `overlap="skip"` attempts hold.
+JOB_LOCK_NAMESPACE = 0x6F6E636A
+
+# Lock and claim in one round trip: each lock CTE runs once (volatile, referenced twice);
+# the job lock is only tried for an exclusive attempt; the insert runs only if the locks
+# were ours; the row says which case we are in.
 LOCK_AND_CLAIM = sa.text(
     """
     WITH lock AS (
         SELECT pg_try_advisory_xact_lock(:ns, :lock_id) AS got
+    ), job_lock AS (
+        SELECT CASE WHEN CAST(:exclusive AS boolean)
+                    THEN pg_try_advisory_xact_lock(:job_ns, :job_lock_id)
+                    ELSE true END AS got
     ), ins AS (
         INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
         SELECT CAST(:job AS varchar), CAST(:key AS varchar),
                CAST(:scheduled_for AS timestamptz), now(), CAST(:claimed_by AS varchar)
-        FROM lock WHERE lock.got
+        FROM lock, job_lock WHERE lock.got AND job_lock.got
         ON CONFLICT DO NOTHING
         RETURNING 1
     )
-    SELECT (SELECT got FROM lock) AS got, (SELECT count(*) FROM ins) AS claimed
+    SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
+           (SELECT count(*) FROM ins) AS claimed
     """
 ).bindparams(sa.bindparam("scheduled_for", type_=UTCDateTime()))
 
@@ -124,6 +134,7 @@ class PostgresDialect(Dialect):
         scheduled_for: datetime | None,
         claimed_by: str,
         busy_ms: int,
+        exclusive: bool = False,
     ) -> ClaimOutcome:
         row = (
             await session.execute(
@@ -135,11 +146,18 @@ class PostgresDialect(Dialect):
                     "key": key,
                     "scheduled_for": scheduled_for,
                     "claimed_by": claimed_by,
+                    "exclusive": exclusive,
+                    "job_ns": JOB_LOCK_NAMESPACE,
+                    "job_lock_id": lock_id(job, ""),
                 },
             )
         ).one()
         if not row.got:
             return ClaimOutcome.BUSY
+        if not row.job_free:
+            # Another slot of the job is running; unless this slot ran before, that overlaps.
+            taken = (await session.execute(sql.get_claim(job, key))).first()
+            return ClaimOutcome.TAKEN if taken is not None else ClaimOutcome.OVERLAP
         return ClaimOutcome.CLAIMED if row.claimed else ClaimOutcome.TAKEN
 
     async def lock_migrations(self, conn: AsyncConnection) -> None:

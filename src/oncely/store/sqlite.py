@@ -91,7 +91,10 @@ class SQLiteDialect(Dialect):
         scheduled_for: datetime | None,
         claimed_by: str,
         busy_ms: int,
+        exclusive: bool = False,
     ) -> ClaimOutcome:
+        # `exclusive` needs nothing more here: the write lock already lets one attempt at a
+        # time run, whatever its job, so two slots of a job never run at once.
         try:
             # The first use of the session opens its transaction: BEGIN IMMEDIATE, waiting
             # at most busy_ms for the write lock (see _on_begin).
