@@ -133,12 +133,55 @@ class CronSchedule(Schedule):
         # cronsim's results are wall times, so compare them as instants.
         it = CronSim(self.expr, (after - timedelta(seconds=1)).astimezone(self._zone))
         try:
+            found: datetime | None = None
             for candidate in it:
                 if candidate.astimezone(UTC) > after:
-                    return candidate.astimezone(UTC).astimezone(self._zone)
+                    found = candidate.astimezone(UTC)
+                    break
         except (StopIteration, OverflowError):  # cronsim gives up after 50 years / year 9999
             return None
-        return None  # pragma: no cover
+        if found is None:  # pragma: no cover
+            return None
+        if self._elapsed and self._offset_changes(after, found):
+            # cronsim's walk for wildcard minutes/hours steps over wall times when a day
+            # boundary meets an offset change (seen in Australia/Lord_Howe): near a change,
+            # decide from wall times instead.
+            found = self._elapsed_next_after(after) or found
+        return found.astimezone(self._zone)
+
+    @property
+    def _elapsed(self) -> bool:
+        """Whether slots run on elapsed time (a wildcard minute or hour), not Debian's fix-ups."""
+        minute, hour = self.expr.split()[:2]
+        return self._zone.key != "UTC" and (minute.startswith("*") or hour.startswith("*"))
+
+    def _offset_changes(self, start: datetime, end: datetime) -> bool:
+        before = (start - _DST_MARGIN).astimezone(self._zone).utcoffset()
+        after = (end + _DST_MARGIN).astimezone(self._zone).utcoffset()
+        return before != after or end - start > timedelta(days=7)
+
+    def _elapsed_next_after(self, after: datetime) -> datetime | None:
+        """The first instant after `after` whose wall time matches, walking naive wall times.
+
+        A wall time in a gap has no instant; one in a fold has two, and both are slots.
+        """
+        start = (after - _DST_MARGIN).astimezone(self._zone).replace(tzinfo=None)
+        best: datetime | None = None
+        best_wall: datetime | None = None
+        try:
+            for wall in CronSim(self.expr, start):
+                if best_wall is not None and wall > best_wall + _DST_MARGIN:
+                    break
+                for fold in (0, 1):
+                    local = wall.replace(tzinfo=self._zone, fold=fold)
+                    instant = local.astimezone(UTC)
+                    if instant.astimezone(self._zone).replace(tzinfo=None) != wall:
+                        continue  # in the spring-forward gap: this wall time never happens
+                    if instant > after and (best is None or instant < best):
+                        best, best_wall = instant, wall
+        except (StopIteration, OverflowError):
+            pass
+        return best
 
     def latest_at_or_before(self, t: datetime) -> datetime | None:
         self.check()

@@ -190,3 +190,61 @@ def test_slots_strictly_increase(expr: str, tz: str, t: datetime) -> None:
     got = [s.astimezone(UTC) for _, s in zip(range(60), schedule.slots_after(t), strict=False)]
     assert all(a < b for a, b in itertools.pairwise(got))
     assert got[0] > t
+
+
+def _transitions(zone: str) -> list[datetime]:
+    """Instants (UTC, to the hour) around which `zone`'s UTC offset changes, 2026-2027."""
+    tz = ZoneInfo(zone)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    out = []
+    previous = start.astimezone(tz).utcoffset()
+    for hour in range(1, 2 * 365 * 24):
+        t = start + timedelta(hours=hour)
+        offset = t.astimezone(tz).utcoffset()
+        if offset != previous:
+            out.append(t)
+        previous = offset
+    return out
+
+
+DST_ZONES = ["Australia/Lord_Howe", "America/New_York", "Europe/London", "America/Santiago"]
+TRANSITIONS = [(zone, t) for zone in DST_ZONES for t in _transitions(zone)]
+ELAPSED_EXPRS = [
+    "*/3 0 * * *",
+    "*/15 * * * *",
+    "0 * * * *",
+    "30 */2 * * *",
+    "*/7 1-3 * * *",
+    "* 2 * * *",
+    "*/20 23,0,1 * * *",
+]
+
+
+def _matches(expr: str, wall: datetime) -> bool:
+    from cronsim import CronSim
+
+    return next(CronSim(expr, wall - timedelta(minutes=1))) == wall
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    expr=st.sampled_from(ELAPSED_EXPRS),
+    at=st.sampled_from(TRANSITIONS),
+    shift=st.integers(min_value=-30, max_value=6),
+)
+def test_wildcard_slots_are_every_real_minute_whose_wall_time_matches(
+    expr: str, at: tuple[str, datetime], shift: int
+) -> None:
+    """Elapsed-time schedules across DST changes, against a minute-by-minute oracle."""
+    zone, transition = at
+    tz = ZoneInfo(zone)
+    start = transition + timedelta(hours=shift)
+    end = start + timedelta(hours=26)
+    expected = []
+    t = start + timedelta(minutes=1)
+    while t <= end:
+        if _matches(expr, t.astimezone(tz).replace(tzinfo=None)):
+            expected.append(t)
+        t += timedelta(minutes=1)
+    got = [s.astimezone(UTC) for s in cron(expr, tz=zone).slots_between(start, end)]
+    assert got == expected
