@@ -17,6 +17,7 @@ from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError
 from .identity import replica_id
 from .model import Claim, RunResult, RunStatus, Slot
+from .queue import DEFAULT_CONCURRENCY
 from .registry import JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import run_slot
@@ -168,7 +169,7 @@ class Oncely:
         stopping: asyncio.Event | None = None,
         handle_signals: bool = False,
         startup_wait: float = 60.0,
-        concurrency: int = 10,
+        concurrency: int = DEFAULT_CONCURRENCY,
         lease: float | None = None,
         queues: list[str] | None = None,
     ) -> None:

@@ -6,6 +6,7 @@ import asyncio
 
 import click
 
+from ..queue import DEFAULT_CONCURRENCY
 from . import Context, handled
 from .metrics import metrics_options, start_metrics
 
@@ -37,7 +38,7 @@ def _job_list(value: str | None) -> list[str] | None:
 )
 @click.option(
     "--concurrency",
-    default=10,
+    default=DEFAULT_CONCURRENCY,
     show_default=True,
     type=click.IntRange(min=0),
     help="Task transactions to run at once in this process (0: run no tasks here).",
