@@ -30,6 +30,7 @@ from . import events
 from .errors import BadInputError, ConfigError, JobTransactionError
 from .identity import replica_id
 from .model import Claim, RunStatus
+from .registry import session_first_signature
 from .store import violation
 
 if TYPE_CHECKING:
@@ -262,20 +263,13 @@ class SyncEffect(_EffectBase):
 
 def _call_signature(func: Callable[..., Any]) -> inspect.Signature:
     name = getattr(func, "__qualname__", repr(func))
-    try:
-        sig = inspect.signature(func)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"@once {name}: cannot read the function's signature") from exc
+    sig = session_first_signature(
+        func,
+        f"@once {name}",
+        "the function's first parameter receives the session "
+        f"(e.g. def {getattr(func, '__name__', 'handler')}(db, order_id))",
+    )
     params = list(sig.parameters.values())
-    if not params or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        raise ConfigError(
-            f"@once {name}: the function's first parameter receives the session "
-            f"(e.g. def {getattr(func, '__name__', 'handler')}(db, order_id)); its signature "
-            f"is {sig}"
-        )
     return sig.replace(parameters=params[1:], return_annotation=EffectResult)
 
 

@@ -82,6 +82,25 @@ def _check_policy(name: str, catch_up: object, grace: object, overlap: object) -
         )
 
 
+def session_first_signature(func: Callable[..., Any], label: str, usage: str) -> inspect.Signature:
+    """The signature of a function that takes the session as its first positional parameter.
+
+    Tasks and once-handlers are declared this way; anything else raises ConfigError
+    `"{label}: {usage}; its signature is …"`, at registration.
+    """
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{label}: cannot read the function's signature") from exc
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise ConfigError(f"{label}: {usage}; its signature is {sig}")
+    return sig
+
+
 class Registry:
     """The jobs an app knows, by name."""
 

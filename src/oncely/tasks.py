@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from . import events
 from .errors import BadInputError, ConfigError, PayloadError, UnknownTaskError
 from .model import TaskRecord
+from .registry import session_first_signature
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import task_store
 
@@ -235,20 +236,10 @@ def _report(records: Sequence[TaskRecord]) -> None:
 def _check_function(name: str, func: Any) -> None:
     if not callable(func):
         raise ConfigError(f"task {name!r}: {func!r} is not callable")
-    try:
-        sig = inspect.signature(func)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"task {name!r}: cannot read the function's signature") from exc
-    params = list(sig.parameters.values())
-    if not params or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        raise ConfigError(
-            f"task {name!r}: the function must take the session first, as f(db, **kwargs); "
-            f"its signature is {name}{sig}"
-        )
-    for param in params[1:]:
+    sig = session_first_signature(
+        func, f"task {name!r}", "the function must take the session first, as f(db, **kwargs)"
+    )
+    for param in list(sig.parameters.values())[1:]:
         if param.name in RESERVED:
             raise ConfigError(
                 f"task {name!r}: argument {param.name!r} is reserved by enqueue() "
