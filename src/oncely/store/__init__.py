@@ -41,7 +41,14 @@ from . import sql, tasks_sql
 from .dialect import ClaimOutcome, Dialect
 from .migrations import LATEST, MIGRATIONS
 from .postgres import PostgresDialect
-from .session import AttemptSession, hand_back, violation
+from .session import (
+    AttemptSession,
+    attempt_driver,
+    claimed_here,
+    hand_back,
+    set_attempt_driver,
+    violation,
+)
 from .sqlite import READ_ONLY_OPTION, SQLiteDialect
 from .tables import metadata, schema_versions
 
@@ -146,6 +153,8 @@ class Store:
         self._attempts = async_sessionmaker(
             engine, sync_session_class=AttemptSession, expire_on_commit=False
         )
+        # Where oncely runs an attempt's transaction on the driver itself (asyncpg), else None.
+        self._driver_attempts = self.dialect.attempt_engine(engine)
         self._schema_checked = False
         self._sync_engine: sa.Engine | None = None
         self._sync_sessions: sessionmaker[AttemptSession] | None = None
@@ -203,17 +212,24 @@ class Store:
             raise self._translated(exc) from exc
         except (OSError, asyncio.TimeoutError) as exc:
             raise self._unavailable(exc) from exc
+        except Exception as exc:
+            if self.dialect.is_driver_error(exc):  # a statement oncely sent on the driver
+                raise self._translated(exc) from exc
+            raise
 
-    def _translated(self, exc: sa.exc.DBAPIError) -> OncelyError:
+    def _translated(self, exc: BaseException) -> OncelyError:
         if self.dialect.is_missing_table(exc):
             return SchemaMissingError(
                 f"oncely's tables are missing in {self.display_url}: run `oncely migrate`"
             )
         if self.dialect.is_unavailable(exc):
             return self._unavailable(exc)
-        if exc.connection_invalidated or (
-            isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
-            and not self.dialect.is_busy(exc)
+        if isinstance(exc, sa.exc.DBAPIError) and (
+            exc.connection_invalidated
+            or (
+                isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+                and not self.dialect.is_busy(exc)
+            )
         ):
             return self._unavailable(exc)
         return DatabaseError(f"database error: {_driver_message(exc)}")
@@ -273,14 +289,41 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def attempt(self) -> AsyncIterator[AsyncSession]:
-        """A fresh session for one attempt, closed (rolled back if still open) at the end."""
-        session = self._attempts()
+        """A fresh session for one attempt, closed (rolled back if still open) at the end.
+
+        On asyncpg the attempt's transaction is begun here, on the driver, and the session
+        runs inside it (see `Dialect.attempt_engine`); elsewhere the session begins it.
+        """
+        if self._driver_attempts is None:
+            session = self._attempts()
+            try:
+                yield session
+            finally:
+                hand_back(session.sync_session)
+                with contextlib.suppress(Exception):
+                    await session.close()
+            return
+        with self.translate():
+            conn = await self._driver_attempts.connect()
         try:
-            yield session
+            with self.translate():
+                driver = await self.dialect.begin_attempt(conn)
+            session = self._attempts(bind=conn)
+            set_attempt_driver(session, driver)
+            try:
+                yield session
+            finally:
+                hand_back(session.sync_session)
+                if session.in_transaction():
+                    with contextlib.suppress(Exception):
+                        await session.close()
+                with contextlib.suppress(Exception):
+                    await self.dialect.rollback_attempt(driver)
         finally:
-            hand_back(session.sync_session)
+            # A transaction still open here (a failed rollback) is closed with the socket
+            # when the connection is checked in (see postgres._close_if_open).
             with contextlib.suppress(Exception):
-                await session.close()
+                await conn.close()
 
     async def lock_and_claim(
         self,
@@ -312,20 +355,32 @@ class Store:
 
     async def finish(self, session: AsyncSession, job: str, key: str) -> None:
         """Stamp the run's end on its claim and commit work and claim together."""
+        driver = attempt_driver(session)
         with self.translate():
-            await session.execute(
-                self.dialect.finish_statement,
-                {"claim_job": job, "claim_key": key, **self.dialect.now_params()},
-            )
+            if driver is None:
+                await session.execute(
+                    self.dialect.finish_statement,
+                    {"claim_job": job, "claim_key": key, **self.dialect.now_params()},
+                )
+                hooks.before_commit(job, key)
+                hand_back(session.sync_session)
+                await session.commit()
+                return
+            if session.in_transaction() or session.new or session.dirty or session.deleted:
+                await session.flush()  # the job's pending ORM changes, into the transaction
             hooks.before_commit(job, key)
             hand_back(session.sync_session)
-            await session.commit()
+            await self.dialect.commit_attempt(driver, job, key, claimed_here(session, job, key))
 
     async def abandon(self, session: AsyncSession) -> None:
         """Roll the attempt back (claim included); a dead connection is already rolled back."""
         hand_back(session.sync_session)
+        driver = attempt_driver(session)
         with contextlib.suppress(Exception):
-            await session.rollback()
+            if driver is None:
+                await session.rollback()
+            else:
+                await self.dialect.rollback_attempt(driver)
 
     # -- effects: a key claimed by any caller (a queue's task body, a script) -----------
 
@@ -431,7 +486,7 @@ class Store:
         """Whether an error a job's attempt died of means the database itself is unreachable."""
         if isinstance(exc, DatabaseUnavailableError):
             return True
-        if isinstance(exc, sa.exc.DBAPIError):
+        if isinstance(exc, sa.exc.DBAPIError) or self.dialect.is_driver_error(exc):
             return isinstance(self._translated(exc), DatabaseUnavailableError)
         return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError))
 

@@ -18,6 +18,11 @@ from sqlalchemy.sql.dml import Insert
 from .. import clock
 from . import sql
 
+MISSING_TABLES = (
+    "oncely's tables are missing: run `oncely migrate` (or include "
+    "oncely.schema.metadata in your migrations)"
+)
+
 
 class ClaimOutcome(enum.Enum):
     """What trying to lock and claim a slot came to."""
@@ -102,6 +107,28 @@ class Dialect(abc.ABC):
         With `exclusive`, also take the job's lock without waiting: while one slot of the job
         runs anywhere, another slot's attempt answers OVERLAP (a job's `overlap="skip"`).
         """
+
+    def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
+        """An engine on which oncely runs an attempt's transaction on the driver itself, or
+        None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
+        return None
+
+    async def begin_attempt(self, conn: AsyncConnection) -> Any:
+        """Begin an attempt's transaction on the connection's driver; the driver connection."""
+        raise NotImplementedError
+
+    async def commit_attempt(self, driver: Any, job: str, key: str, claimed: bool) -> None:
+        """Stamp (job, key) finished and commit; `claimed`: this attempt's lock_and_claim
+        claimed exactly that key (the statement may then ride with the COMMIT)."""
+        raise NotImplementedError
+
+    async def rollback_attempt(self, driver: Any) -> None:
+        """Roll back the attempt's transaction if it is still open."""
+        raise NotImplementedError
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """Whether an exception is the driver's own (raised by statements sent on it)."""
+        return False
 
     @abc.abstractmethod
     async def lock_migrations(self, conn: AsyncConnection) -> None:

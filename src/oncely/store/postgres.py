@@ -11,13 +11,16 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
+from ..errors import BadInputError, DatabaseError, SchemaMissingError
 from . import sql
-from .dialect import ClaimOutcome, Dialect
+from .dialect import MISSING_TABLES, ClaimOutcome, Dialect
+from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
 
 # The first key of oncely's two-key advisory locks ("once"), so they never collide with an
@@ -68,7 +71,7 @@ _UNAVAILABLE_PREFIXES = ("08", "28", "3D", "57P", "53300")
 
 def _sqlstate(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", None)
-    for candidate in (orig, getattr(orig, "__cause__", None)):
+    for candidate in (exc, orig, getattr(orig, "__cause__", None)):
         code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
         if code:
             return str(code)
@@ -80,6 +83,21 @@ def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
         record.info[_CHECKED_IN_AT] = time.monotonic()
 
 
+def _close_if_open(dbapi_connection: Any, _record: Any) -> None:
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    if isinstance(driver, asyncpg.Connection) and driver.is_in_transaction():
+        # A transaction begun on the driver (an attempt's, see `begin_attempt`) came back
+        # open, which SQLAlchemy's reset cannot see. Close the socket: the server rolls the
+        # transaction back, and the next checkout replaces the connection.
+        driver.terminate()
+
+
+def _refuse_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    if isinstance(driver, asyncpg.Connection) and driver.is_closed():
+        raise sa.exc.DisconnectionError("the pooled connection was closed")
+
+
 def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     checked_in_at = record.info.get(_CHECKED_IN_AT)
     if checked_in_at is None or time.monotonic() - checked_in_at < PING_AFTER_IDLE_S:
@@ -89,6 +107,78 @@ def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     except Exception as exc:
         # The pool discards this connection and checks out (or opens) another one.
         raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
+
+
+# -- attempts on the driver ---------------------------------------------------------------
+# On asyncpg an attempt's own statements go straight to the driver, and the job's go through
+# an AsyncSession on the same connection in SQLAlchemy's AUTOCOMMIT mode, so SQLAlchemy sends
+# no BEGIN, COMMIT or ROLLBACK of its own: all of them run inside the one transaction that
+# `begin_attempt` opens and `commit_attempt` / `rollback_attempt` end. Three round trips for
+# an attempt (BEGIN; lock-and-claim; finish-and-COMMIT) and no SQLAlchemy statement machinery
+# on oncely's side; the job's session is a plain AsyncSession.
+
+# LOCK_AND_CLAIM, for the driver; it also names the claimed slot in two transaction-local
+# settings, so the finish below is a constant string that can travel with the COMMIT.
+DRIVER_LOCK_AND_CLAIM = """
+    WITH lock AS (
+        SELECT pg_try_advisory_xact_lock($1, $2) AS got
+    ), job_lock AS (
+        SELECT CASE WHEN $3::boolean THEN pg_try_advisory_xact_lock($4, $5)
+                    ELSE true END AS got
+    ), ins AS (
+        INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
+        SELECT $6::varchar, $7::varchar, $8::timestamptz, now(), $9::varchar
+        FROM lock, job_lock WHERE lock.got AND job_lock.got
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
+           (SELECT count(*) FROM ins) AS claimed,
+           set_config('oncely.job', $6::varchar, true) AS claimed_job,
+           set_config('oncely.key', $7::varchar, true) AS claimed_key
+"""
+
+# Stamp the end of the slot claimed above and commit, in one message (one round trip). A
+# failing UPDATE (an aborted transaction) stops the message before its COMMIT.
+DRIVER_FINISH_AND_COMMIT = (
+    "UPDATE oncely_runs SET finished_at = clock_timestamp() "
+    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key'); "
+    "COMMIT"
+)
+DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE job = $1 AND key = $2"
+DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
+
+
+# The bare claim on a caller's asyncpg connection (see `claim_on_driver`).
+DRIVER_CLAIM = (
+    "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) "
+    "VALUES ($1, $2, clock_timestamp(), $3) ON CONFLICT DO NOTHING RETURNING 1"
+)
+
+
+def is_driver_connection(conn: object) -> bool:
+    """Whether `conn` is a bare asyncpg connection (not a SQLAlchemy one)."""
+    return isinstance(conn, asyncpg.Connection)
+
+
+async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> bool:
+    """`claim_run` on an asyncpg connection: the same INSERT, with no SQLAlchemy in between.
+
+    The connection must be inside the caller's transaction: outside one the claim would
+    commit at once, apart from the work it guards, so that is refused and nothing is sent.
+    """
+    if not conn.is_in_transaction():
+        raise BadInputError(
+            f"claim_run({job!r}, {key!r}) needs the caller's open transaction: on an asyncpg "
+            "connection, call it inside `async with conn.transaction():` so the claim "
+            "commits with your work or not at all"
+        )
+    try:
+        return await conn.fetchval(DRIVER_CLAIM, job, key, claimed_by) is not None
+    except asyncpg.UndefinedTableError as exc:
+        raise SchemaMissingError(MISSING_TABLES) from exc
+    except asyncpg.PostgresError as exc:
+        raise DatabaseError(f"claiming failed: {exc}") from exc
 
 
 def lock_id(job: str, key: str) -> int:
@@ -136,29 +226,77 @@ class PostgresDialect(Dialect):
         busy_ms: int,
         exclusive: bool = False,
     ) -> ClaimOutcome:
-        row = (
-            await session.execute(
-                LOCK_AND_CLAIM,
-                {
-                    "ns": LOCK_NAMESPACE,
-                    "lock_id": lock_id(job, key),
-                    "job": job,
-                    "key": key,
-                    "scheduled_for": scheduled_for,
-                    "claimed_by": claimed_by,
-                    "exclusive": exclusive,
-                    "job_ns": JOB_LOCK_NAMESPACE,
-                    "job_lock_id": lock_id(job, ""),
-                },
+        driver = attempt_driver(session)
+        job_id = lock_id(job, "")
+        if driver is None:
+            row: Any = (
+                await session.execute(
+                    LOCK_AND_CLAIM,
+                    {
+                        "ns": LOCK_NAMESPACE,
+                        "lock_id": lock_id(job, key),
+                        "job": job,
+                        "key": key,
+                        "scheduled_for": scheduled_for,
+                        "claimed_by": claimed_by,
+                        "exclusive": exclusive,
+                        "job_ns": JOB_LOCK_NAMESPACE,
+                        "job_lock_id": job_id,
+                    },
+                )
+            ).one()
+            got, job_free, claimed = row.got, row.job_free, row.claimed
+        else:
+            row = await driver.fetchrow(
+                DRIVER_LOCK_AND_CLAIM,
+                LOCK_NAMESPACE,
+                lock_id(job, key),
+                exclusive,
+                JOB_LOCK_NAMESPACE,
+                job_id,
+                job,
+                key,
+                scheduled_for,
+                claimed_by,
             )
-        ).one()
-        if not row.got:
+            got, job_free, claimed = row["got"], row["job_free"], row["claimed"]
+            if claimed:
+                mark_claimed(session, job, key)
+        if not got:
             return ClaimOutcome.BUSY
-        if not row.job_free:
+        if not job_free:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
-            taken = (await session.execute(sql.get_claim(job, key))).first()
-            return ClaimOutcome.TAKEN if taken is not None else ClaimOutcome.OVERLAP
-        return ClaimOutcome.CLAIMED if row.claimed else ClaimOutcome.TAKEN
+            if driver is None:
+                taken = (await session.execute(sql.get_claim(job, key))).first() is not None
+            else:
+                taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
+            return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
+        return ClaimOutcome.CLAIMED if claimed else ClaimOutcome.TAKEN
+
+    def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
+        if engine.dialect.driver != "asyncpg":
+            return None  # another driver: SQLAlchemy runs the attempt's transaction
+        pool = engine.sync_engine.pool
+        if not event.contains(pool, "checkin", _close_if_open):
+            event.listen(pool, "checkin", _close_if_open)
+            event.listen(pool, "checkout", _refuse_closed)
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def begin_attempt(self, conn: AsyncConnection) -> Any:
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        await driver.execute("BEGIN")
+        return driver
+
+    async def commit_attempt(self, driver: Any, job: str, key: str, claimed: bool) -> None:
+        if claimed:
+            await driver.execute(DRIVER_FINISH_AND_COMMIT)
+        else:
+            await driver.execute(DRIVER_FINISH, job, key)
+            await driver.execute("COMMIT")
+
+    async def rollback_attempt(self, driver: Any) -> None:
+        if not driver.is_closed() and driver.is_in_transaction():
+            await driver.execute("ROLLBACK")
 
     async def lock_migrations(self, conn: AsyncConnection) -> None:
         await conn.execute(
@@ -197,8 +335,13 @@ class PostgresDialect(Dialect):
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
+        if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):
+            return True  # asyncpg's "connection is closed"
         code = _sqlstate(exc)
         return code is not None and code.startswith(_UNAVAILABLE_PREFIXES)
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError))
 
 
 TASKS_CHANNEL = "oncely_tasks"

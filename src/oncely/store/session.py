@@ -10,6 +10,8 @@ from ..errors import JobTransactionError
 
 _OWNER = "oncely.owner_finishing"
 _VIOLATION = "oncely.violation"
+_DRIVER = "oncely.attempt_driver"
+_CLAIMED = "oncely.claimed"
 
 
 class AttemptSession(Session):
@@ -45,3 +47,23 @@ def hand_back(session: Session) -> None:
 def violation(session: Session) -> Any:
     """What the job tried to do to the transaction (`commit`, …), or None."""
     return session.info.get(_VIOLATION)
+
+
+def set_attempt_driver(session: Any, driver: Any) -> None:
+    """Mark an attempt's session as running on a transaction oncely holds on the driver."""
+    session.info[_DRIVER] = driver
+
+
+def attempt_driver(session: Any) -> Any:
+    """The driver connection whose transaction the attempt runs in, or None (SQLAlchemy's)."""
+    return session.info.get(_DRIVER)
+
+
+def mark_claimed(session: Any, job: str, key: str) -> None:
+    """Record that the attempt's lock-and-claim claimed (job, key) on the driver."""
+    session.info[_CLAIMED] = (job, key)
+
+
+def claimed_here(session: Any, job: str, key: str) -> bool:
+    """Whether this attempt's lock-and-claim claimed exactly (job, key)."""
+    return bool(session.info.get(_CLAIMED) == (job, key))

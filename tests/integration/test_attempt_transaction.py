@@ -1,0 +1,201 @@
+"""One attempt is one transaction, whoever sends its statements (guarantees 1 and 2).
+
+On asyncpg oncely begins and ends an attempt's transaction on the driver and the job's session
+runs inside it; these tests pin what that must never change: a failed or cancelled attempt's
+writes never ride along with a later commit on the same pooled connection, the job's ORM
+changes and savepoints land with the claim, and the claim's end is stamped after the job.
+Each app here has a one-connection pool, so every attempt reuses the previous one's connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from oncely import Oncely, RunStatus, SchemaMissingError, every
+from oncely.store import normalize_url
+
+SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Coin(Base):
+    __tablename__ = "coins"
+    member: Mapped[str] = mapped_column(sa.String(20), primary_key=True)
+
+
+@contextlib.asynccontextmanager
+async def one_connection_app(url: str) -> AsyncIterator[Oncely]:
+    engine = create_async_engine(normalize_url(url), pool_size=1, max_overflow=0)
+    app = Oncely(engine)
+    await app.migrate()
+    async with engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    try:
+        yield app
+    finally:
+        await app.aclose()
+        await engine.dispose()
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[Oncely]:
+    async with one_connection_app(db_url) as app:
+        yield app
+
+
+@pytest.fixture
+async def pg_app(postgres_database: str) -> AsyncIterator[Oncely]:
+    from tests.conftest import _reset_postgres
+
+    _reset_postgres(postgres_database)
+    async with one_connection_app(postgres_database) as app:
+        yield app
+
+
+async def members(app: Oncely) -> list[str]:
+    async with app.store.engine.connect() as conn:
+        rows = await conn.execute(sa.text("SELECT member FROM coins ORDER BY member"))
+        return [r[0] for r in rows]
+
+
+def insert(member: str) -> sa.TextClause:
+    return sa.text(f"INSERT INTO coins (member) VALUES ('{member}')")
+
+
+async def test_a_failed_attempts_writes_never_ride_with_the_next_commit(app: Oncely) -> None:
+    @app.job(every(seconds=1), name="fails")
+    async def fails(db, now) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(insert("lost"))
+        raise RuntimeError("after writing")
+
+    @app.job(every(seconds=1), name="lands")
+    async def lands(db, now) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(insert("kept"))
+
+    assert (await app.attempt("fails", now=SLOT)).status is RunStatus.FAILED
+    assert (await app.run("lands", now=SLOT)).status is RunStatus.RAN
+    assert await members(app) == ["kept"]
+    assert [c.job for c in await app.history()] == ["lands"]
+
+
+async def test_a_cancelled_attempt_lands_nothing_and_frees_its_connection(app: Oncely) -> None:
+    started = asyncio.Event()
+
+    @app.job(every(seconds=1), name="hangs")
+    async def hangs(db, now) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(insert("lost"))
+        started.set()
+        await asyncio.Event().wait()
+
+    @app.job(every(seconds=1), name="lands")
+    async def lands(db, now) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(insert("kept"))
+
+    attempt = asyncio.create_task(app.run("hangs", now=SLOT))
+    await asyncio.wait_for(started.wait(), 10)
+    attempt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    # The one pooled connection is free again, and carries nothing of the cancelled attempt.
+    assert (await asyncio.wait_for(app.run("lands", now=SLOT), 10)).status is RunStatus.RAN
+    assert await members(app) == ["kept"]
+    assert [c.job for c in await app.history()] == ["lands"]  # the cancelled slot is free
+
+
+async def test_orm_changes_and_savepoints_land_with_the_claim(app: Oncely) -> None:
+    @app.job(every(seconds=1), name="orm")
+    async def orm(db, now) -> None:  # type: ignore[no-untyped-def]
+        db.add(Coin(member="added"))  # never flushed by the job
+        try:
+            async with db.begin_nested():
+                await db.execute(insert("undone"))
+                raise LookupError("roll back to the savepoint only")
+        except LookupError:
+            pass
+        await db.execute(insert("plain"))
+
+    assert (await app.run("orm", now=SLOT)).status is RunStatus.RAN
+    assert await members(app) == ["added", "plain"]
+
+
+async def test_sync_job_orm_changes_land_with_the_claim(app: Oncely) -> None:
+    @app.job(every(seconds=1), name="sync_orm")
+    def sync_orm(db, now) -> None:  # type: ignore[no-untyped-def]
+        db.add(Coin(member="sync"))
+
+    assert (await app.run("sync_orm", now=SLOT)).status is RunStatus.RAN
+    assert (await app.run("sync_orm", now=SLOT)).status is RunStatus.SKIPPED
+    assert await members(app) == ["sync"]
+
+
+async def test_the_claims_end_is_stamped_after_the_job(app: Oncely) -> None:
+    @app.job(every(seconds=1), name="slow")
+    async def slow(db, now) -> None:  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.05)  # the work takes this long; not a synchronization
+
+    for second in range(2):
+        result = await app.run("slow", now=SLOT + timedelta(seconds=second))
+        assert result.status is RunStatus.RAN
+    claims = await app.history("slow")
+    assert len(claims) == 2
+    for claim in claims:
+        assert claim.finished_at is not None and claim.duration is not None
+        assert claim.duration >= 0.05
+
+
+@pytest.mark.postgres
+async def test_a_job_that_hides_a_database_error_still_fails(pg_app: Oncely) -> None:
+    """On Postgres an error aborts the transaction; swallowing it must not commit half."""
+
+    @pg_app.job(every(seconds=1), name="hides")
+    async def hides(db, now) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(insert("before"))
+        with contextlib.suppress(sa.exc.ProgrammingError):
+            await db.execute(sa.text("SELECT * FROM no_such_table"))
+
+    result = await pg_app.attempt("hides", now=SLOT)
+    assert result.status is RunStatus.FAILED
+    assert await members(pg_app) == []
+    assert await pg_app.history() == []
+
+
+@pytest.mark.postgres
+async def test_a_connection_checked_in_mid_transaction_is_replaced(pg_app: Oncely) -> None:
+    """A transaction opened on the driver and left open is rolled back, not inherited."""
+
+    @pg_app.job(every(seconds=1), name="lands")
+    async def lands(db, now) -> None:  # type: ignore[no-untyped-def]
+        await db.execute(insert("kept"))
+
+    engine = pg_app.store.engine
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        await driver.execute("BEGIN")  # behind SQLAlchemy's back
+        await driver.execute("INSERT INTO coins (member) VALUES ('ghost')")
+    assert driver.is_closed()  # closed on checkin: the server rolled the transaction back
+    assert (await pg_app.run("lands", now=SLOT)).status is RunStatus.RAN
+    assert await members(pg_app) == ["kept"]
+
+
+async def test_tables_dropped_under_a_running_app_name_the_fix(app: Oncely) -> None:
+    @app.job(every(seconds=1), name="tick")
+    async def tick(db, now) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    assert (await app.run("tick", now=SLOT)).status is RunStatus.RAN  # schema checked once
+    async with app.store.engine.begin() as conn:
+        await conn.exec_driver_sql("DROP TABLE oncely_runs")
+    with pytest.raises(SchemaMissingError, match="oncely migrate"):
+        await app.run("tick", now=SLOT + timedelta(seconds=1))
