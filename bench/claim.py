@@ -7,7 +7,8 @@ oncely code, so the difference between a floor and an oncely case is oncely's ow
 
 Postgres cases:
   raw asyncpg            BEGIN; INSERT … ON CONFLICT DO NOTHING RETURNING 1; COMMIT
-  raw asyncpg, run SQL   what app.run sends: BEGIN; lock-and-claim CTE; UPDATE finished_at; COMMIT
+  claim_run on asyncpg   BEGIN; oncely.claim_run(conn, job, key); COMMIT (bare asyncpg conn)
+  raw asyncpg, run SQL   what app.run sends: BEGIN; lock-and-claim CTE; UPDATE finished_at + COMMIT
   SA Core connection     engine.begin() + conn.execute(text(INSERT …))   (no ORM, no oncely)
   SA AsyncSession        session.begin() + session.execute(text(INSERT …)) (no oncely)
   oncely.claim_run       session.begin() + oncely.claim_run(session, job, key)
@@ -52,6 +53,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 import oncely
+import oncely.store.postgres as pg
 from oncely import Oncely, every
 
 PG_URL = os.environ.get(
@@ -64,17 +66,6 @@ PG_INSERT = (
     "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) VALUES ($1, $2, now(), $3) "
     "ON CONFLICT DO NOTHING RETURNING 1"
 )
-PG_RUN_SQL = """
-    WITH lock AS (SELECT pg_try_advisory_xact_lock($1, $2) AS got),
-    ins AS (
-        INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
-        SELECT $3::varchar, $4::varchar, $5::timestamptz, now(), $6::varchar
-        FROM lock WHERE lock.got
-        ON CONFLICT DO NOTHING RETURNING 1
-    )
-    SELECT (SELECT got FROM lock) AS got, (SELECT count(*) FROM ins) AS claimed
-"""
-PG_FINISH = "UPDATE oncely_runs SET finished_at = now() WHERE job = $1 AND key = $2"
 SA_INSERT = sa.text(
     "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) "
     "VALUES (:job, :key, CURRENT_TIMESTAMP, :by) ON CONFLICT DO NOTHING RETURNING 1"
@@ -249,19 +240,40 @@ async def postgres_cases(
     slot = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
     async def raw_run_sql(key: str) -> None:
+        # app.run's own statements and round trips, sent by hand: BEGIN; lock-and-claim (which
+        # names the slot in transaction-local settings); the finish UPDATE with the COMMIT.
         await raw.execute("BEGIN")
         row = await raw.fetchrow(
-            PG_RUN_SQL, 0x6F6E6365, hash(key) & 0x7FFFFFFF, "pg_raw_run", key, slot, REPLICA
+            pg.DRIVER_LOCK_AND_CLAIM,
+            pg.LOCK_NAMESPACE,
+            pg.lock_id("pg_raw_run", key),
+            True,
+            pg.JOB_LOCK_NAMESPACE,
+            pg.lock_id("pg_raw_run", ""),
+            "pg_raw_run",
+            key,
+            slot,
+            REPLICA,
         )
-        await raw.execute(PG_FINISH, "pg_raw_run", key)
-        await raw.execute("COMMIT")
+        await raw.execute(pg.DRIVER_FINISH_AND_COMMIT)
         if not (row["got"] and row["claimed"]):
             raise RuntimeError("raw lock-and-claim lost a fresh key")
+
+    on_driver = await asyncpg.connect(url)
+    stack.append(on_driver.close)
+
+    async def driver_claim(key: str) -> None:
+        await on_driver.execute("BEGIN")
+        got = await oncely.claim_run(on_driver, "pg_claim_asyncpg", key)
+        await on_driver.execute("COMMIT")
+        if not got:
+            raise RuntimeError("claim_run lost a fresh key")
 
     user_engine = create_async_engine(make_url(url).set(drivername="postgresql+asyncpg"))
     stack.append(user_engine.dispose)
     return [
         Case("raw asyncpg (baseline)", raw_claim, "pg_raw"),
+        Case("oncely.claim_run on an asyncpg connection", driver_claim, "pg_claim_asyncpg"),
         Case("raw asyncpg, app.run's SQL", raw_run_sql, "pg_raw_run"),
         *sqlalchemy_steps(user_engine, "pg"),
         run_sql_floor(app, "pg"),
@@ -373,13 +385,13 @@ def report(db: str, cases: list[Case]) -> None:
     print(f"\n{db}: median of {len(cases[0].rates)} rounds")
     cpu_base = cases[0].cpu_us
     print(
-        f"| {'case':<40} | {'claims/s':>9} | {'x raw':>5} | {'µs/claim':>8} "
+        f"| {'case':<44} | {'claims/s':>9} | {'x raw':>5} | {'µs/claim':>8} "
         f"| {'CPU µs/claim':>12} | {'CPU x raw':>9} |"
     )
-    print(f"|{'-' * 42}|{'-' * 10}:|{'-' * 6}:|{'-' * 9}:|{'-' * 13}:|{'-' * 10}:|")
+    print(f"|{'-' * 46}|{'-' * 10}:|{'-' * 6}:|{'-' * 9}:|{'-' * 13}:|{'-' * 10}:|")
     for c in cases:
         print(
-            f"| {c.name:<40} | {c.rate:>9,.0f} | {c.rate / base:>5.2f} | {1e6 / c.rate:>8,.0f} "
+            f"| {c.name:<44} | {c.rate:>9,.0f} | {c.rate / base:>5.2f} | {1e6 / c.rate:>8,.0f} "
             f"| {c.cpu_us:>12,.0f} | {c.cpu_us / cpu_base:>9.2f} |"
         )
 

@@ -98,3 +98,79 @@ async def test_schema_metadata_is_exposed_for_alembic() -> None:
     runs = metadata.tables["oncely_runs"]
     assert [c.name for c in runs.primary_key.columns] == ["job", "key"]
     assert {"scheduled_for", "claimed_at", "claimed_by", "finished_at"} <= set(runs.c.keys())
+
+
+async def test_claim_run_on_an_async_connection(sessions) -> None:  # type: ignore[no-untyped-def]
+    engine = sessions.kw["bind"]
+    async with engine.begin() as conn:
+        assert await claim_run(conn, "core", "k1") is True
+        assert await claim_run(conn, "core", "k1") is False  # the same transaction's claim
+    async with engine.connect() as conn:
+        assert await claim_run(conn, "core", "k2") is True
+        await conn.rollback()
+    async with engine.begin() as conn:
+        assert await claim_run(conn, "core", "k1") is False
+        assert await claim_run(conn, "core", "k2") is True  # the rollback freed it
+    assert await count(sessions, "oncely_runs") == 2
+
+
+def test_claim_run_sync_on_a_plain_connection(db_url: str, sync_engine: sa.Engine) -> None:
+    asyncio.run(Oncely(db_url).migrate())
+    with sync_engine.begin() as conn:
+        assert claim_run_sync(conn, "core_sync", "k") is True
+    with sync_engine.begin() as conn:
+        assert claim_run_sync(conn, "core_sync", "k") is False
+
+
+@pytest.fixture
+async def asyncpg_conn(postgres_database: str):  # type: ignore[no-untyped-def]
+    import asyncpg
+    from tests.conftest import _reset_postgres
+
+    _reset_postgres(postgres_database)
+    conn = await asyncpg.connect(postgres_database)
+    yield conn
+    await conn.close()
+
+
+@pytest.mark.postgres
+async def test_claim_run_on_a_bare_asyncpg_connection(postgres_database: str, asyncpg_conn) -> None:  # type: ignore[no-untyped-def]
+    await Oncely(postgres_database).migrate()
+    conn = asyncpg_conn
+    await conn.execute(WORK)
+    async with conn.transaction():
+        assert await claim_run(conn, "raw", "2026-W48") is True
+        await conn.execute("INSERT INTO work VALUES ('paid')")
+    tr = conn.transaction()
+    await tr.start()
+    assert await claim_run(conn, "raw", "2026-W48") is False
+    assert await claim_run(conn, "raw", "2026-W49") is True
+    await conn.execute("INSERT INTO work VALUES ('paid twice')")
+    await tr.rollback()  # frees W49, and its work goes with it
+    async with conn.transaction():
+        assert await claim_run(conn, "raw", "2026-W49") is True
+    rows = await conn.fetch("SELECT key, claimed_by FROM oncely_runs ORDER BY key")
+    assert [r["key"] for r in rows] == ["2026-W48", "2026-W49"]
+    assert all(r["claimed_by"].endswith(f":{__import__('os').getpid()}") for r in rows)
+    assert await conn.fetchval("SELECT count(*) FROM work") == 1
+
+
+@pytest.mark.postgres
+async def test_claim_run_refuses_an_asyncpg_connection_outside_a_transaction(
+    postgres_database: str,
+    asyncpg_conn,  # type: ignore[no-untyped-def]
+) -> None:
+    """Outside a transaction the claim would commit apart from the work: refused, not sent."""
+    from oncely import BadInputError
+
+    await Oncely(postgres_database).migrate()
+    with pytest.raises(BadInputError, match=r"conn\.transaction\(\)"):
+        await claim_run(asyncpg_conn, "raw", "k")
+    assert await asyncpg_conn.fetchval("SELECT count(*) FROM oncely_runs") == 0
+
+
+@pytest.mark.postgres
+async def test_claim_run_on_asyncpg_before_migrate_names_the_fix(asyncpg_conn) -> None:  # type: ignore[no-untyped-def]
+    async with asyncpg_conn.transaction():
+        with pytest.raises(SchemaMissingError, match="oncely migrate"):
+            await claim_run(asyncpg_conn, "raw", "k")

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from ..errors import DatabaseError, SchemaMissingError
 from ..identity import replica_id
-from . import dialect_for
-from .dialect import Dialect
+from . import dialect_for, postgres
+from .dialect import MISSING_TABLES, Dialect
 
 
-def _raise_translated(dialect: Dialect, exc: DBAPIError) -> None:
+def _raise_translated(dialect: Dialect, exc: Exception) -> None:
     if dialect.is_missing_table(exc):
-        raise SchemaMissingError(
-            "oncely's tables are missing: run `oncely migrate` (or include "
-            "oncely.schema.metadata in your migrations)"
-        ) from exc
-    raise DatabaseError(f"claiming failed: {exc.orig or exc}") from exc
+        raise SchemaMissingError(MISSING_TABLES) from exc
+    raise DatabaseError(f"claiming failed: {getattr(exc, 'orig', None) or exc}") from exc
 
 
 def _params(dialect: Dialect, job: str, key: str) -> dict[str, Any]:
@@ -33,15 +31,21 @@ def _params(dialect: Dialect, job: str, key: str) -> dict[str, Any]:
     }
 
 
-async def claim_run(session: AsyncSession, job: str, key: str) -> bool:
+async def claim_run(session: AsyncSession | AsyncConnection | Any, job: str, key: str) -> bool:
     """Claim (job, key) in the caller's open transaction; True if the claim is ours.
 
     One `INSERT … ON CONFLICT DO NOTHING RETURNING 1`: the claim commits with the caller's
     work or not at all, and a rollback frees it. If another transaction holds an uncommitted
     claim on the same key, this waits for it to end (use `Oncely.run` for a non-blocking try).
+    `session` is an AsyncSession, an AsyncConnection, or a bare asyncpg connection, which
+    must be inside a transaction (`async with conn.transaction():`).
     """
-    conn = await session.connection()
-    dialect = dialect_for(conn.dialect.name)
+    if postgres.is_driver_connection(session):
+        return await postgres.claim_on_driver(session, job, key, replica_id())
+    if isinstance(session, AsyncSession):
+        dialect = dialect_for((await session.connection()).dialect.name)
+    else:
+        dialect = dialect_for(session.dialect.name)
     try:
         row = (await session.execute(dialect.claim_statement, _params(dialect, job, key))).first()
     except DBAPIError as exc:
@@ -49,9 +53,11 @@ async def claim_run(session: AsyncSession, job: str, key: str) -> bool:
     return row is not None
 
 
-def claim_run_sync(session: Session, job: str, key: str) -> bool:
-    """The same claim as `claim_run`, for a synchronous Session (Django, Flask, scripts)."""
-    dialect = dialect_for(session.connection().dialect.name)
+def claim_run_sync(session: Session | Connection, job: str, key: str) -> bool:
+    """The same claim as `claim_run`, for a synchronous Session or Connection (Django, Flask,
+    scripts)."""
+    bind = session.connection() if isinstance(session, Session) else session
+    dialect = dialect_for(bind.dialect.name)
     try:
         row = session.execute(dialect.claim_statement, _params(dialect, job, key)).first()
     except DBAPIError as exc:
