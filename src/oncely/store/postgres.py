@@ -283,7 +283,9 @@ class PostgresDialect(Dialect):
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def begin_attempt(self, conn: AsyncConnection) -> Any:
-        driver: Any = (await conn.get_raw_connection()).driver_connection
+        # The checked-out connection is at hand without I/O (get_raw_connection() would take
+        # a greenlet round of its own to answer the same).
+        driver: Any = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
         await driver.execute("BEGIN")
         return driver
 
