@@ -74,12 +74,17 @@ class System:
     """One queue under test: how to set it up, enqueue, drain and time a start."""
 
     name = ""
+    room = 90  # connections this system may open at once (the server's max less a margin)
+
+    def shapes(self, concurrency: int) -> list[str]:
+        """The ways this system runs at `concurrency`; each is measured, the best is kept."""
+        return [""]
 
     async def setup(self, dsn: str) -> None: ...
     async def reset(self) -> None: ...
     async def enqueue_one(self, task: str, n: int) -> None: ...
     async def enqueue_batch(self, task: str, ns: list[int]) -> None: ...
-    async def drain(self, total: int, concurrency: int) -> None: ...
+    async def drain(self, total: int, concurrency: int, shape: str) -> None: ...
     async def start_idle_worker(self) -> Callable[[], Awaitable[None]]: ...
     async def close(self) -> None: ...
 
@@ -136,7 +141,11 @@ class Oncely(System):
         async with self.session(self.app.store.engine) as db, db.begin():
             await self.tasks[task].enqueue_many(db, [{"n": n} for n in ns])
 
-    async def drain(self, total: int, concurrency: int) -> None:
+    def shapes(self, concurrency: int) -> list[str]:
+        # One connection per lane, plus the listener's and the heartbeat's.
+        return [""] if concurrency + 3 <= self.room else []
+
+    async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from oncely.queue import consume
 
         stopping = asyncio.Event()
@@ -207,7 +216,10 @@ class Procrastinate(System):
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         await self.tasks[task].batch_defer_async(*[{"n": n} for n in ns])
 
-    async def drain(self, total: int, concurrency: int) -> None:
+    def shapes(self, concurrency: int) -> list[str]:
+        return [""] if concurrency <= self.room - 20 else []
+
+    async def drain(self, total: int, concurrency: int, shape: str) -> None:
         await self.app.run_worker_async(
             concurrency=concurrency, wait=False, install_signal_handlers=False
         )
@@ -280,21 +292,33 @@ class PgQueuer(System):
             [task] * len(ns), [json.dumps({"n": n}).encode() for n in ns], [0] * len(ns)
         )
 
-    async def drain(self, total: int, concurrency: int) -> None:
+    def shapes(self, concurrency: int) -> list[str]:
+        # Its two ways to run N jobs at once: one QueueManager that dequeues N per batch (it
+        # runs a batch's jobs concurrently and logs their completions in batches of N), and N
+        # managers (a connection each) with its default batch of 10, as its benchmark tool does.
+        shapes = [f"1 manager, batch {concurrency}"]
+        if concurrency + 20 <= self.room and concurrency != self.BATCH:
+            many = "managers" if concurrency > 1 else "manager"
+            shapes.append(f"{concurrency} {many}, batch {self.BATCH}")
+        return shapes
+
+    async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from datetime import timedelta
 
         from pgqueuer.types import QueueExecutionMode
 
-        conns = [await asyncpg.connect(self.dsn) for _ in range(concurrency)]
-        managers = [self._manager(c) for c in conns]
+        count, _, batch = shape.partition(" manager")
+        managers, size = int(count), int(batch.rpartition(" ")[2])
+        conns = [await asyncpg.connect(self.dsn) for _ in range(managers)]
+        qms = [self._manager(c) for c in conns]
         await asyncio.gather(
             *(
                 qm.run(
                     mode=QueueExecutionMode.drain,
-                    batch_size=self.BATCH,
+                    batch_size=size,
                     dequeue_timeout=timedelta(seconds=0.5),
                 )
-                for qm in managers
+                for qm in qms
             )
         )
         for conn in conns:
@@ -337,12 +361,12 @@ async def enqueue_batch(system: System, count: int, size: int = 1000) -> float:
     return count / (time.perf_counter() - started)
 
 
-async def drain(system: System, task: str, count: int, concurrency: int) -> float:
+async def drain(system: System, task: str, count: int, concurrency: int, shape: str) -> float:
     await system.reset()
     for start in range(0, count, 1000):
         await system.enqueue_batch(task, list(range(start, min(count, start + 1000))))
     started = time.perf_counter()
-    await system.drain(count, concurrency)
+    await system.drain(count, concurrency, shape)
     return count / (time.perf_counter() - started)
 
 
@@ -393,13 +417,21 @@ async def main() -> None:
         system = classes[name]()
         await system.setup(await fresh_database(base, f"bench_queue_{name}"))
         systems.append(system)
+    room = await connection_room(base)
+    for system in systems:
+        system.room = room
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, dict[str, float]] = {s.name: {} for s in systems}
+    shapes: dict[tuple[str, str], str] = {}
 
-    def keep(system: System, metric: str, value: float, best: Callable[..., float]) -> None:
+    def keep(
+        system: System, metric: str, value: float, best: Callable[..., float], shape: str = ""
+    ) -> None:
         old = results[system.name].get(metric)
         results[system.name][metric] = value if old is None else best(old, value)
-        print(f"  {system.name:14} {metric:28} {value:10.1f}", flush=True)
+        if results[system.name][metric] == value and shape:
+            shapes[system.name, metric] = shape
+        print(f"  {system.name:14} {metric:28} {value:10.1f}  {shape}", flush=True)
 
     for round_no in range(args.rounds):
         print(f"round {round_no + 1}/{args.rounds}", flush=True)
@@ -414,20 +446,42 @@ async def main() -> None:
                     count = (
                         args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
                     )
-                    rate = await drain(system, task, count, concurrency)
-                    keep(system, f"drain {task} c={concurrency} /s", rate, max)
+                    for shape in system.shapes(concurrency):
+                        rate = await drain(system, task, count, concurrency, shape)
+                        keep(system, f"drain {task} c={concurrency} /s", rate, max, shape)
+                        keep(system, f"drain {task} best /s", rate, max, f"c={concurrency} {shape}")
         for system in systems:
             p50, p99 = await latency(system, args.samples)
             keep(system, "latency p50 ms", p50, min)
             keep(system, "latency p99 ms", p99, min)
     for system in systems:
         await system.close()
-    print_table(results, args)
+    print_table(results, shapes, args)
 
 
-def print_table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+async def connection_room(base: str) -> int:
+    """How many more connections the server takes now, less a margin for everyone else."""
+    conn = await asyncpg.connect(base)
+    try:
+        most = int(await conn.fetchval("SHOW max_connections"))
+        used = int(await conn.fetchval("SELECT count(*) FROM pg_stat_activity"))
+    finally:
+        await conn.close()
+    return most - used - 5
+
+
+def print_table(
+    results: dict[str, dict[str, float]],
+    shapes: dict[tuple[str, str], str],
+    args: argparse.Namespace,
+) -> None:
     names = list(results)
-    metrics = list(next(iter(results.values())))
+    order = ["enqueue single /s", "enqueue batch /s"]
+    for task in ("noop", "one_row"):
+        order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
+        order.append(f"drain {task} best /s")
+    order += ["latency p50 ms", "latency p99 ms"]
+    metrics = [m for m in order if any(m in r for r in results.values())]
     print(
         f"\n{args.tasks} tasks per drain ({args.procrastinate_tasks} for procrastinate), "
         f"best of {args.rounds} rounds, {args.samples} latency samples\n"
@@ -438,12 +492,16 @@ def print_table(results: dict[str, dict[str, float]], args: argparse.Namespace) 
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for metric in metrics:
-        cells = [f"{results[n][metric]:,.1f}" for n in names]
+        cells = [f"{results[n][metric]:,.1f}" if metric in results[n] else "n/a" for n in names]
         row = f"| {metric} | " + " | ".join(cells) + " |"
         if "oncely" in names and "pgqueuer" in names:
-            ratio = results["oncely"][metric] / results["pgqueuer"][metric]
-            row += f" {ratio:.2f} |"
+            mine, theirs = results["oncely"].get(metric), results["pgqueuer"].get(metric)
+            row += f" {mine / theirs:.2f} |" if mine and theirs else " n/a |"
         print(row)
+    print("\nThe shape that gave each best drain:")
+    for (name, metric), shape in shapes.items():
+        if shape:
+            print(f"- {name} {metric}: {shape}")
 
 
 if __name__ == "__main__":
