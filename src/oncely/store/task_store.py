@@ -68,13 +68,23 @@ def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
     )
 
 
+_STATEMENTS: dict[str, Any] = {}
+
+
 def _statement(dialect: Dialect) -> Any:
-    run_at, delay = tasks_sql.enqueue_times()
-    return tasks_sql.enqueue(dialect.insert(), dialect.now(), dialect.due_at(run_at, delay))
+    """tasks_sql.enqueue for this database, built once (database time bound if need be)."""
+    stmt = _STATEMENTS.get(dialect.name)
+    if stmt is None:
+        run_at, delay = tasks_sql.enqueue_times()
+        stmt = _STATEMENTS[dialect.name] = tasks_sql.enqueue(
+            dialect.insert(), dialect.now_sql(), dialect.due_at(run_at, delay)
+        )
+    return stmt
 
 
 def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     now = None if dialect.database_clock else clock.utcnow()
+    now_params = dialect.now_params()
     params = []
     for entry in entries:
         run_at = entry.get("run_at")
@@ -89,6 +99,7 @@ def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[st
                 "p_key": entry.get("idempotency_key"),
                 "p_run_at": run_at,
                 "p_delay": delay,
+                **now_params,
             }
         )
     return params
@@ -152,6 +163,15 @@ def _missing(entries: Sequence[dict[str, Any]], inserted: list[Any]) -> dict[str
     return missing
 
 
+def _bound(session: Session) -> Any:
+    """What the session runs its statements on (an Engine or a Connection), if it has one
+    bind for all (else None): its dialect, without a round trip."""
+    try:
+        return session.get_bind()
+    except sa.exc.UnboundExecutionError:
+        return None
+
+
 async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
@@ -159,14 +179,16 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
     """
     from . import dialect_for
 
-    conn = await session.connection()
-    dialect = dialect_for(conn.dialect.name)
+    bind = _bound(session.sync_session) or await session.connection()
+    dialect = dialect_for(bind.dialect.name)
     try:
         inserted: list[Any] = []
         for chunk in _chunks(_params(dialect, entries)):
-            bulk = dialect.bulk_enqueue(chunk)
+            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
             if bulk is not None:
                 inserted += (await session.execute(*bulk)).all()
+            elif len(chunk) == 1:
+                inserted += (await session.execute(_statement(dialect), chunk[0])).all()
             else:
                 inserted += (await session.execute(_statement(dialect), chunk)).all()
         existing: list[Any] = []
@@ -181,13 +203,15 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     """`enqueue` for a synchronous Session (Django, Flask, scripts)."""
     from . import dialect_for
 
-    dialect = dialect_for(session.connection().dialect.name)
+    dialect = dialect_for((_bound(session) or session.connection()).dialect.name)
     try:
         inserted: list[Any] = []
         for chunk in _chunks(_params(dialect, entries)):
-            bulk = dialect.bulk_enqueue(chunk)
+            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
             if bulk is not None:
                 inserted += session.execute(*bulk).all()
+            elif len(chunk) == 1:
+                inserted += session.execute(_statement(dialect), chunk[0]).all()
             else:
                 inserted += session.execute(_statement(dialect), chunk).all()
         existing: list[Any] = []
@@ -263,6 +287,9 @@ class Batch:
             return
         hand_back(sync)
         await session.close()
+        if self._spare is None:  # closed, it is as good as new for the next task
+            sync.info.clear()
+            self._spare = session
 
     @staticmethod
     def touched(session: AsyncSession) -> bool:
