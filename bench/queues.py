@@ -3,13 +3,16 @@
     pip install -r bench/requirements.txt
     python bench/queues.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
-For each system, in a fresh database of its own: enqueue rate (one task per transaction, and
-batches), drain throughput of N no-op tasks and of N tasks that insert one row, at each
-concurrency, and enqueue-to-start latency (p50/p99) with the worker idle. Each measurement is
-repeated --rounds times, systems interleaved, and the best round is kept (the machine is
-shared; the best round is the least disturbed). oncely's one-row task inserts its row in the
-task's own transaction, with the ack; the peers' tasks insert theirs on a pooled connection,
-in a transaction separate from the job's completion (they have no way to share it).
+For each system, in a fresh database of its own: enqueue rate (one task per transaction, one
+autocommitted task, and batches), drain throughput of N no-op tasks and of N tasks that insert
+one row, at each concurrency, and enqueue-to-start latency (p50/p99) with the worker idle.
+Concurrency is each system's own knob; pgqueuer is measured in both of its shapes (one manager
+dequeuing N per batch; N managers of batch 10) and the better is kept, and a cell that would
+need more connections than the server has left is n/a. Each measurement is repeated --rounds
+times, systems interleaved, and the best round is kept (the machine is shared; the best round is
+the least disturbed). oncely's one-row task inserts its row in the task's own transaction, with
+the ack; the peers' tasks insert theirs on a pooled connection, in a transaction separate from
+the job's completion (they have no way to share it).
 Never a test: numbers depend on the machine.
 """
 
@@ -83,6 +86,12 @@ class System:
     async def setup(self, dsn: str) -> None: ...
     async def reset(self) -> None: ...
     async def enqueue_one(self, task: str, n: int) -> None: ...
+
+    async def enqueue_in(self, task: str, n: int, transaction: bool) -> None:
+        """One task in a transaction of its own (BEGIN, insert, COMMIT), or one autocommitted
+        statement; a system that has only one way uses it for both."""
+        await self.enqueue_one(task, n)
+
     async def enqueue_batch(self, task: str, ns: list[int]) -> None: ...
     async def drain(self, total: int, concurrency: int, shape: str) -> None: ...
     async def start_idle_worker(self) -> Callable[[], Awaitable[None]]: ...
@@ -121,11 +130,13 @@ class Oncely(System):
 
         self.tasks = {"noop": noop, "one_row": one_row}
         self.held: Any = None
+        self.auto: Any = None
 
     async def reset(self) -> None:
-        if self.held is not None:
-            await self.held.close()
-            self.held = None
+        for held in (self.held, self.auto):
+            if held is not None:
+                await held.close()
+        self.held = self.auto = None
         conn = await asyncpg.connect(self.dsn)
         await conn.execute("TRUNCATE oncely_tasks, bench_effects")
         await conn.close()
@@ -136,6 +147,15 @@ class Oncely(System):
             self.held = self.session(self.app.store.engine)
         async with self.held.begin():
             await self.tasks[task].enqueue(self.held, n=n)
+
+    async def enqueue_in(self, task: str, n: int, transaction: bool) -> None:
+        if transaction:
+            await self.enqueue_one(task, n)
+            return
+        if self.auto is None:  # a held session in autocommit mode: the INSERT commits itself
+            engine = self.app.store.engine.execution_options(isolation_level="AUTOCOMMIT")
+            self.auto = self.session(engine)
+        await self.tasks[task].enqueue(self.auto, n=n)
 
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         async with self.session(self.app.store.engine) as db, db.begin():
@@ -169,8 +189,7 @@ class Oncely(System):
         return stop
 
     async def close(self) -> None:
-        if self.held is not None:
-            await self.held.close()
+        await self.reset()
         await self.app.aclose()
 
 
@@ -287,6 +306,13 @@ class PgQueuer(System):
     async def enqueue_one(self, task: str, n: int) -> None:
         await self.queries.enqueue(task, json.dumps({"n": n}).encode())
 
+    async def enqueue_in(self, task: str, n: int, transaction: bool) -> None:
+        if not transaction:
+            await self.enqueue_one(task, n)
+            return
+        async with self.conn.transaction():  # its driver runs on this connection
+            await self.queries.enqueue(task, json.dumps({"n": n}).encode())
+
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         await self.queries.enqueue(
             [task] * len(ns), [json.dumps({"n": n}).encode() for n in ns], [0] * len(ns)
@@ -345,11 +371,11 @@ class PgQueuer(System):
 # -- measurements -------------------------------------------------------------------------
 
 
-async def enqueue_single(system: System, count: int) -> float:
+async def enqueue_single(system: System, count: int, transaction: bool) -> float:
     await system.reset()
     started = time.perf_counter()
     for n in range(count):
-        await system.enqueue_one("noop", n)
+        await system.enqueue_in("noop", n, transaction)
     return count / (time.perf_counter() - started)
 
 
@@ -398,7 +424,7 @@ async def main() -> None:
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--single", type=int, default=2_000, help="single enqueues to time")
-    parser.add_argument("--concurrency", default="1,10,50")
+    parser.add_argument("--concurrency", default="1,10,50,100")
     parser.add_argument("--samples", type=int, default=200, help="latency samples")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
@@ -438,7 +464,10 @@ async def main() -> None:
         for system in systems:
             if args.only_latency:
                 break
-            keep(system, "enqueue single /s", await enqueue_single(system, args.single), max)
+            rate = await enqueue_single(system, args.single, transaction=True)
+            keep(system, "enqueue single, own transaction /s", rate, max)
+            rate = await enqueue_single(system, args.single, transaction=False)
+            keep(system, "enqueue single, autocommit /s", rate, max)
             keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
         for task in ("noop", "one_row") if not args.only_latency else ():
             for concurrency in concurrencies:
@@ -476,7 +505,11 @@ def print_table(
     args: argparse.Namespace,
 ) -> None:
     names = list(results)
-    order = ["enqueue single /s", "enqueue batch /s"]
+    order = [
+        "enqueue single, own transaction /s",
+        "enqueue single, autocommit /s",
+        "enqueue batch /s",
+    ]
     for task in ("noop", "one_row"):
         order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
         order.append(f"drain {task} best /s")
