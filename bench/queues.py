@@ -323,7 +323,7 @@ class PgQueuer(System):
         # runs a batch's jobs concurrently and logs their completions in batches of N), and N
         # managers (a connection each) with its default batch of 10, as its benchmark tool does.
         shapes = [f"1 manager, batch {concurrency}"]
-        if concurrency + 20 <= self.room and concurrency != self.BATCH:
+        if concurrency + 20 <= self.room:
             many = "managers" if concurrency > 1 else "manager"
             shapes.append(f"{concurrency} {many}, batch {self.BATCH}")
         return shapes
