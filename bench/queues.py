@@ -3,13 +3,16 @@
     pip install -r bench/requirements.txt
     python bench/queues.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
-For each system, in a fresh database of its own: enqueue rate (one task per transaction, and
-batches), drain throughput of N no-op tasks and of N tasks that insert one row, at each
-concurrency, and enqueue-to-start latency (p50/p99) with the worker idle. Each measurement is
-repeated --rounds times, systems interleaved, and the best round is kept (the machine is
-shared; the best round is the least disturbed). oncely's one-row task inserts its row in the
-task's own transaction, with the ack; the peers' tasks insert theirs on a pooled connection,
-in a transaction separate from the job's completion (they have no way to share it).
+For each system, in a fresh database of its own: enqueue rate (one task per transaction, one
+autocommitted task, and batches), drain throughput of N no-op tasks and of N tasks that insert
+one row, at each concurrency, and enqueue-to-start latency (p50/p99) with the worker idle.
+Concurrency is each system's own knob; pgqueuer is measured in both of its shapes (one manager
+dequeuing N per batch; N managers of batch 10) and the better is kept, and a cell that would
+need more connections than the server has left is n/a. Each measurement is repeated --rounds
+times, systems interleaved, and the best round is kept (the machine is shared; the best round is
+the least disturbed). oncely's one-row task inserts its row in the task's own transaction, with
+the ack; the peers' tasks insert theirs on a pooled connection, in a transaction separate from
+the job's completion (they have no way to share it).
 Never a test: numbers depend on the machine.
 """
 
@@ -74,12 +77,23 @@ class System:
     """One queue under test: how to set it up, enqueue, drain and time a start."""
 
     name = ""
+    room = 90  # connections this system may open at once (the server's max less a margin)
+
+    def shapes(self, concurrency: int) -> list[str]:
+        """The ways this system runs at `concurrency`; each is measured, the best is kept."""
+        return [""]
 
     async def setup(self, dsn: str) -> None: ...
     async def reset(self) -> None: ...
     async def enqueue_one(self, task: str, n: int) -> None: ...
+
+    async def enqueue_in(self, task: str, n: int, transaction: bool) -> None:
+        """One task in a transaction of its own (BEGIN, insert, COMMIT), or one autocommitted
+        statement; a system that has only one way uses it for both."""
+        await self.enqueue_one(task, n)
+
     async def enqueue_batch(self, task: str, ns: list[int]) -> None: ...
-    async def drain(self, total: int, concurrency: int) -> None: ...
+    async def drain(self, total: int, concurrency: int, shape: str) -> None: ...
     async def start_idle_worker(self) -> Callable[[], Awaitable[None]]: ...
     async def close(self) -> None: ...
 
@@ -116,11 +130,13 @@ class Oncely(System):
 
         self.tasks = {"noop": noop, "one_row": one_row}
         self.held: Any = None
+        self.auto: Any = None
 
     async def reset(self) -> None:
-        if self.held is not None:
-            await self.held.close()
-            self.held = None
+        for held in (self.held, self.auto):
+            if held is not None:
+                await held.close()
+        self.held = self.auto = None
         conn = await asyncpg.connect(self.dsn)
         await conn.execute("TRUNCATE oncely_tasks, bench_effects")
         await conn.close()
@@ -132,11 +148,24 @@ class Oncely(System):
         async with self.held.begin():
             await self.tasks[task].enqueue(self.held, n=n)
 
+    async def enqueue_in(self, task: str, n: int, transaction: bool) -> None:
+        if transaction:
+            await self.enqueue_one(task, n)
+            return
+        if self.auto is None:  # a held session in autocommit mode: the INSERT commits itself
+            engine = self.app.store.engine.execution_options(isolation_level="AUTOCOMMIT")
+            self.auto = self.session(engine)
+        await self.tasks[task].enqueue(self.auto, n=n)
+
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         async with self.session(self.app.store.engine) as db, db.begin():
             await self.tasks[task].enqueue_many(db, [{"n": n} for n in ns])
 
-    async def drain(self, total: int, concurrency: int) -> None:
+    def shapes(self, concurrency: int) -> list[str]:
+        # One connection per lane, plus the listener's and the heartbeat's.
+        return [""] if concurrency + 3 <= self.room else []
+
+    async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from oncely.queue import consume
 
         stopping = asyncio.Event()
@@ -160,8 +189,7 @@ class Oncely(System):
         return stop
 
     async def close(self) -> None:
-        if self.held is not None:
-            await self.held.close()
+        await self.reset()
         await self.app.aclose()
 
 
@@ -207,7 +235,10 @@ class Procrastinate(System):
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         await self.tasks[task].batch_defer_async(*[{"n": n} for n in ns])
 
-    async def drain(self, total: int, concurrency: int) -> None:
+    def shapes(self, concurrency: int) -> list[str]:
+        return [""] if concurrency <= self.room - 20 else []
+
+    async def drain(self, total: int, concurrency: int, shape: str) -> None:
         await self.app.run_worker_async(
             concurrency=concurrency, wait=False, install_signal_handlers=False
         )
@@ -275,26 +306,45 @@ class PgQueuer(System):
     async def enqueue_one(self, task: str, n: int) -> None:
         await self.queries.enqueue(task, json.dumps({"n": n}).encode())
 
+    async def enqueue_in(self, task: str, n: int, transaction: bool) -> None:
+        if not transaction:
+            await self.enqueue_one(task, n)
+            return
+        async with self.conn.transaction():  # its driver runs on this connection
+            await self.queries.enqueue(task, json.dumps({"n": n}).encode())
+
     async def enqueue_batch(self, task: str, ns: list[int]) -> None:
         await self.queries.enqueue(
             [task] * len(ns), [json.dumps({"n": n}).encode() for n in ns], [0] * len(ns)
         )
 
-    async def drain(self, total: int, concurrency: int) -> None:
+    def shapes(self, concurrency: int) -> list[str]:
+        # Its two ways to run N jobs at once: one QueueManager that dequeues N per batch (it
+        # runs a batch's jobs concurrently and logs their completions in batches of N), and N
+        # managers (a connection each) with its default batch of 10, as its benchmark tool does.
+        shapes = [f"1 manager, batch {concurrency}"]
+        if concurrency + 20 <= self.room:
+            many = "managers" if concurrency > 1 else "manager"
+            shapes.append(f"{concurrency} {many}, batch {self.BATCH}")
+        return shapes
+
+    async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from datetime import timedelta
 
         from pgqueuer.types import QueueExecutionMode
 
-        conns = [await asyncpg.connect(self.dsn) for _ in range(concurrency)]
-        managers = [self._manager(c) for c in conns]
+        count, _, batch = shape.partition(" manager")
+        managers, size = int(count), int(batch.rpartition(" ")[2])
+        conns = [await asyncpg.connect(self.dsn) for _ in range(managers)]
+        qms = [self._manager(c) for c in conns]
         await asyncio.gather(
             *(
                 qm.run(
                     mode=QueueExecutionMode.drain,
-                    batch_size=self.BATCH,
+                    batch_size=size,
                     dequeue_timeout=timedelta(seconds=0.5),
                 )
-                for qm in managers
+                for qm in qms
             )
         )
         for conn in conns:
@@ -321,11 +371,11 @@ class PgQueuer(System):
 # -- measurements -------------------------------------------------------------------------
 
 
-async def enqueue_single(system: System, count: int) -> float:
+async def enqueue_single(system: System, count: int, transaction: bool) -> float:
     await system.reset()
     started = time.perf_counter()
     for n in range(count):
-        await system.enqueue_one("noop", n)
+        await system.enqueue_in("noop", n, transaction)
     return count / (time.perf_counter() - started)
 
 
@@ -337,12 +387,12 @@ async def enqueue_batch(system: System, count: int, size: int = 1000) -> float:
     return count / (time.perf_counter() - started)
 
 
-async def drain(system: System, task: str, count: int, concurrency: int) -> float:
+async def drain(system: System, task: str, count: int, concurrency: int, shape: str) -> float:
     await system.reset()
     for start in range(0, count, 1000):
         await system.enqueue_batch(task, list(range(start, min(count, start + 1000))))
     started = time.perf_counter()
-    await system.drain(count, concurrency)
+    await system.drain(count, concurrency, shape)
     return count / (time.perf_counter() - started)
 
 
@@ -374,7 +424,7 @@ async def main() -> None:
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--single", type=int, default=2_000, help="single enqueues to time")
-    parser.add_argument("--concurrency", default="1,10,50")
+    parser.add_argument("--concurrency", default="1,10,50,100")
     parser.add_argument("--samples", type=int, default=200, help="latency samples")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
@@ -393,20 +443,31 @@ async def main() -> None:
         system = classes[name]()
         await system.setup(await fresh_database(base, f"bench_queue_{name}"))
         systems.append(system)
+    room = await connection_room(base)
+    for system in systems:
+        system.room = room
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, dict[str, float]] = {s.name: {} for s in systems}
+    shapes: dict[tuple[str, str], str] = {}
 
-    def keep(system: System, metric: str, value: float, best: Callable[..., float]) -> None:
+    def keep(
+        system: System, metric: str, value: float, best: Callable[..., float], shape: str = ""
+    ) -> None:
         old = results[system.name].get(metric)
         results[system.name][metric] = value if old is None else best(old, value)
-        print(f"  {system.name:14} {metric:28} {value:10.1f}", flush=True)
+        if results[system.name][metric] == value and shape:
+            shapes[system.name, metric] = shape
+        print(f"  {system.name:14} {metric:28} {value:10.1f}  {shape}", flush=True)
 
     for round_no in range(args.rounds):
         print(f"round {round_no + 1}/{args.rounds}", flush=True)
         for system in systems:
             if args.only_latency:
                 break
-            keep(system, "enqueue single /s", await enqueue_single(system, args.single), max)
+            rate = await enqueue_single(system, args.single, transaction=True)
+            keep(system, "enqueue single, own transaction /s", rate, max)
+            rate = await enqueue_single(system, args.single, transaction=False)
+            keep(system, "enqueue single, autocommit /s", rate, max)
             keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
         for task in ("noop", "one_row") if not args.only_latency else ():
             for concurrency in concurrencies:
@@ -414,20 +475,46 @@ async def main() -> None:
                     count = (
                         args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
                     )
-                    rate = await drain(system, task, count, concurrency)
-                    keep(system, f"drain {task} c={concurrency} /s", rate, max)
+                    for shape in system.shapes(concurrency):
+                        rate = await drain(system, task, count, concurrency, shape)
+                        keep(system, f"drain {task} c={concurrency} /s", rate, max, shape)
+                        keep(system, f"drain {task} best /s", rate, max, f"c={concurrency} {shape}")
         for system in systems:
             p50, p99 = await latency(system, args.samples)
             keep(system, "latency p50 ms", p50, min)
             keep(system, "latency p99 ms", p99, min)
     for system in systems:
         await system.close()
-    print_table(results, args)
+    print_table(results, shapes, args)
 
 
-def print_table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+async def connection_room(base: str) -> int:
+    """How many more connections the server takes now, less a margin for everyone else."""
+    conn = await asyncpg.connect(base)
+    try:
+        most = int(await conn.fetchval("SHOW max_connections"))
+        used = int(await conn.fetchval("SELECT count(*) FROM pg_stat_activity"))
+    finally:
+        await conn.close()
+    return most - used - 5
+
+
+def print_table(
+    results: dict[str, dict[str, float]],
+    shapes: dict[tuple[str, str], str],
+    args: argparse.Namespace,
+) -> None:
     names = list(results)
-    metrics = list(next(iter(results.values())))
+    order = [
+        "enqueue single, own transaction /s",
+        "enqueue single, autocommit /s",
+        "enqueue batch /s",
+    ]
+    for task in ("noop", "one_row"):
+        order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
+        order.append(f"drain {task} best /s")
+    order += ["latency p50 ms", "latency p99 ms"]
+    metrics = [m for m in order if any(m in r for r in results.values())]
     print(
         f"\n{args.tasks} tasks per drain ({args.procrastinate_tasks} for procrastinate), "
         f"best of {args.rounds} rounds, {args.samples} latency samples\n"
@@ -438,12 +525,16 @@ def print_table(results: dict[str, dict[str, float]], args: argparse.Namespace) 
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for metric in metrics:
-        cells = [f"{results[n][metric]:,.1f}" for n in names]
+        cells = [f"{results[n][metric]:,.1f}" if metric in results[n] else "n/a" for n in names]
         row = f"| {metric} | " + " | ".join(cells) + " |"
         if "oncely" in names and "pgqueuer" in names:
-            ratio = results["oncely"][metric] / results["pgqueuer"][metric]
-            row += f" {ratio:.2f} |"
+            mine, theirs = results["oncely"].get(metric), results["pgqueuer"].get(metric)
+            row += f" {mine / theirs:.2f} |" if mine and theirs else " n/a |"
         print(row)
+    print("\nThe shape that gave each best drain:")
+    for (name, metric), shape in shapes.items():
+        if shape:
+            print(f"- {name} {metric}: {shape}")
 
 
 if __name__ == "__main__":

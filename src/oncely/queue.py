@@ -1,13 +1,16 @@
 """The queue worker: fetch due tasks with a lease, run each with its ack, retry per policy.
 
 `consume(app, stopping)` runs `concurrency` lanes. A lane leases a batch of due tasks (one
-short transaction: the attempt counts even if the worker dies), then runs the batch in ONE
-transaction where every task gets a savepoint of its own: the task's work and its ack (a
-compare-and-set on (id, lease token)) share that savepoint, so they commit together or not at
-all. A task that raises rolls back to its savepoint and its retry or end is recorded in the same
-transaction; one commit lands the whole batch. Leases are in database time; a heartbeat renews
-them while tasks run and a rescuer hands tasks whose lease ran out (their worker died) to
-another worker. Postgres wakes idle lanes with LISTEN/NOTIFY; polling is the fallback.
+short transaction: the attempt counts even if the worker dies), then runs the batch in one
+transaction (or a few: at most SAVEPOINTS tasks that write per transaction) where every task
+gets a savepoint of its own. A task that raises rolls back to its savepoint and its retry or
+end is recorded in the same transaction. At its end the transaction acks every task that
+returned with one compare-and-set on (id, lease token), so each task's work and its ack commit
+together or not at all; if a task that wrote lost its lease meanwhile, the transaction rolls
+back and runs again without it. Fast tasks come in large batches, slow ones one at a time.
+Leases are in database time; a heartbeat renews them while tasks run and a rescuer hands tasks
+whose lease ran out (their worker died) to another worker. Postgres wakes idle lanes with
+LISTEN/NOTIFY; polling is the fallback.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +35,7 @@ from .errors import BadInputError, DatabaseUnavailableError, OncelyError, TaskSt
 from .identity import replica_id
 from .model import TaskRecord, TaskState
 from .retry import DEFAULT_POLICY, Discard, GiveUp, Retry, RetryPolicy
-from .store.session import hand_back, violation
+from .store.session import violation
 from .store.task_store import Batch, Leased
 from .tasks import Task
 
@@ -44,12 +48,36 @@ DEFAULT_LEASE = 30.0
 """Seconds a worker holds a task before another may take it over; heartbeats renew it."""
 DEFAULT_CONCURRENCY = 10
 DEFAULT_BATCH = 50
-"""Tasks per transaction; under Postgres' 64 cached subtransactions per transaction."""
+"""Tasks leased at once until the worker has timed a batch (then see `Worker.limit`)."""
+MAX_BATCH = 500
+"""The most tasks a worker leases at once, by default."""
+BATCH_SECONDS = 1.0
+"""About how long the tasks of one lease take to run, at most: fast tasks come in batches of
+up to MAX_BATCH, tasks that take a second or more one at a time."""
+SAVEPOINTS = 50
+"""Tasks that write per transaction: under Postgres' 64 cached subtransactions."""
 DEFAULT_POLL = 1.0
 
 
-class LeaseLost(OncelyError):
-    """Another worker took this task over after its lease ran out; this attempt rolled back."""
+Event = tuple[str, str, int, dict[str, Any]]
+"""A log event to emit once its batch has committed: (event, text, level, fields)."""
+
+
+@dataclass
+class _Done:
+    """A task that returned: acked with the others at the end of its batch."""
+
+    item: Leased
+    duration: float
+    wrote: bool
+
+
+class _LostWork(Exception):
+    """Tasks that wrote lost their leases mid-batch: roll the batch back, run it without them."""
+
+    def __init__(self, ids: set[int]) -> None:
+        super().__init__(f"leases lost: {sorted(ids)}")
+        self.ids = ids
 
 
 def _error_text(exc: BaseException) -> str:
@@ -91,13 +119,13 @@ class _Lane:
         worker = self.worker
         while not stopping.is_set():
             leased = await worker.store.tasks.fetch(
-                conn, worker.queues, worker.batch, worker.token(), worker.by, worker.lease
+                conn, worker.queues, worker.limit(), worker.token(), worker.by, worker.lease
             )
             if not leased:
                 await worker.idle(stopping)
                 continue
             while leased:
-                if len(leased) == worker.batch:
+                if len(leased) >= worker.limit():
                     worker.notify()  # a full batch: there may be more, wake one more lane
                 leased = await worker.run_batch(conn, leased, stopping)
 
@@ -112,7 +140,7 @@ class Worker:
         concurrency: int = DEFAULT_CONCURRENCY,
         lease: float | None = None,
         queues: Sequence[str] | None = None,
-        batch: int = DEFAULT_BATCH,
+        batch: int = MAX_BATCH,
         poll: float = DEFAULT_POLL,
     ) -> None:
         if concurrency < 1:
@@ -136,6 +164,8 @@ class Worker:
         """Where lanes (and the listener) get their long-lived connections."""
         self.held: dict[int, Leased] = {}
         """Leased tasks not yet finished: what the heartbeat renews."""
+        self._pace: float | None = None
+        """Seconds a task takes to run here (a moving average); None before the first."""
         self._prefix = uuid.uuid4().hex[:16]
         self._counter = itertools.count()
 
@@ -218,62 +248,117 @@ class Worker:
     async def run_batch(
         self, conn: AsyncConnection, leased: list[Leased], stopping: asyncio.Event | None = None
     ) -> list[Leased]:
-        """Run leased tasks in one transaction, each in its own savepoint with its own ack.
+        """Run leased tasks in as few transactions as can hold them, each task in a savepoint
+        of its own, the tasks of a transaction acked together at its end.
 
-        Unless `stopping` is set, the same transaction leases the next batch, which it returns
-        (empty if the transaction failed: those leases rolled back with it).
+        A transaction ends after `SAVEPOINTS` tasks that wrote, or with the last task; unless
+        `stopping` is set, the last one also leases the next batch, which this returns (empty
+        if it failed: those leases rolled back with it). If a task that wrote turns out to
+        have lost its lease, its transaction rolls back (its work with the others') and runs
+        again without it.
         """
         for item in leased:
             self.held[item.id] = item
-        after: list[tuple[str, str, int, dict[str, Any]]] = []
         following: list[Leased] = []
         cancelled = False
+        todo = leased
         try:
-            async with self.store.tasks.batch(conn) as batch:
-                untouched: list[tuple[Leased, float]] = []
-                for item in leased:
-                    await self._run_one(batch, item, untouched, after)
-                if untouched:
-                    held = await batch.ack([item for item, _ in untouched])
-                    for item, duration in untouched:
-                        if item.id in held:
-                            after.append(_succeeded(item, duration))
-                        else:
-                            after.append(_lost(item))
-                if stopping is not None and not stopping.is_set():
-                    following = await batch.lease(
-                        self.queues, self.batch, self.token(), self.by, self.lease
-                    )
+            while todo:
+                try:
+                    after, following, rest, spent = await self._transaction(conn, todo, stopping)
+                except _LostWork as lost:
+                    for item in todo:
+                        if item.id in lost.ids:
+                            _emit(_lost(item))
+                    todo = [item for item in todo if item.id not in lost.ids]
+                    continue
+                for item in todo[: len(todo) - len(rest)]:
+                    self.held.pop(item.id, None)
+                for event in after:
+                    _emit(event)
+                self._learn(len(todo) - len(rest), spent)
+                todo = rest
         except asyncio.CancelledError:
             # Rolled back; the tasks stay in `held` so that consume() hands them back.
             cancelled = True
             raise
         except Exception as exc:
-            events.emit(
-                "task.batch_failed",
-                "the batch's transaction failed and rolled back; its tasks are available again",
-                level=logging.ERROR,
-                ids=",".join(str(item.id) for item in leased),
-                error=f"{type(exc).__name__}: {exc}",
+            _emit(
+                (
+                    "task.batch_failed",
+                    "the batch's transaction failed and rolled back; its tasks are available again",
+                    logging.ERROR,
+                    {
+                        "ids": ",".join(str(item.id) for item in todo),
+                        "error": f"{type(exc).__name__}: {exc}",
+                    },
+                )
             )
             with contextlib.suppress(Exception):
-                await self.store.tasks.release(leased, started=True)
+                await self.store.tasks.release(todo, started=True)
             return []
         finally:
             if not cancelled:
                 for item in leased:
                     self.held.pop(item.id, None)
-        for event, text, level, fields in after:
-            events.emit(event, text, level=level, **fields)
         return following
+
+    async def _transaction(
+        self, conn: AsyncConnection, todo: list[Leased], stopping: asyncio.Event | None
+    ) -> tuple[list[Event], list[Leased], list[Leased], float]:
+        """Run tasks of `todo` in one transaction: (its events, the next batch, the tasks left,
+        the seconds its tasks took)."""
+        after: list[Event] = []
+        following: list[Leased] = []
+        rest: list[Leased] = []
+        spent = 0.0
+        async with self.store.tasks.batch(conn) as batch:
+            done: list[_Done] = []
+            lost: set[int] = set()
+            for i, item in enumerate(todo):
+                spent += await self._run_one(batch, item, done, lost, after)
+                if batch.savepoints >= SAVEPOINTS:
+                    rest = todo[i + 1 :]
+                    break
+            if done:
+                held = await batch.ack([d.item for d in done])
+                lost.update(d.item.id for d in done if d.item.id not in held)
+                if any(d.wrote and d.item.id in lost for d in done):
+                    raise _LostWork(lost)  # rolls back: a lost task's work must not land
+                for d in done:
+                    after.append(_lost(d.item) if d.item.id in lost else _succeeded(d))
+            if not rest and stopping is not None and not stopping.is_set():
+                following = await batch.lease(
+                    self.queues, self.limit(), self.token(), self.by, self.lease
+                )
+        return after, following, rest, spent
+
+    def limit(self) -> int:
+        """How many tasks to lease at once: about `BATCH_SECONDS` of work at the pace of the
+        last tasks, at most `batch` (at first, at most `DEFAULT_BATCH`).
+
+        Fast tasks come in large batches (fewer statements and commits per task); slow ones
+        one by one, so that a lane never hoards tasks that idle lanes could be running.
+        """
+        if self._pace is None:
+            return min(self.batch, DEFAULT_BATCH)
+        return max(1, min(self.batch, int(BATCH_SECONDS / max(self._pace, 1e-6))))
+
+    def _learn(self, tasks: int, seconds: float) -> None:
+        if not tasks:
+            return
+        pace = seconds / tasks
+        self._pace = pace if self._pace is None else 0.7 * self._pace + 0.3 * pace
 
     async def _run_one(
         self,
         batch: Batch,
         item: Leased,
-        untouched: list[tuple[Leased, float]],
-        after: list[tuple[str, str, int, dict[str, Any]]],
-    ) -> None:
+        done: list[_Done],
+        lost: set[int],
+        after: list[Event],
+    ) -> float:
+        """Run one task in its savepoint; the seconds it took."""
         task = self.app.tasks.find(item.task)
         policy = task.retry if task is not None else DEFAULT_POLICY
         if item.attempt > policy.attempts:
@@ -281,7 +366,10 @@ class Worker:
             error = f"LeaseExpired: attempt {item.attempt - 1} of {policy.attempts} never finished"
             if await batch.outcome(item, TaskState.DEAD, None, error):
                 after.append(_ended(item, "task.dead", "attempts exhausted", error))
-            return
+            else:
+                lost.add(item.id)
+                after.append(_lost(item))
+            return 0.0
         events.emit(
             "task.started",
             "started",
@@ -296,22 +384,17 @@ class Worker:
             if task is None:
                 raise LookupError(f"no task {item.task!r} is registered in this worker's app")
             await _call(task, session, item.args)
-            await session.flush()
-            if batch.touched(session):
-                if not await batch.ack_in(session, item):
-                    raise LeaseLost()
-                after.append(_succeeded(item, time.perf_counter() - started))
-            else:
-                untouched.append((item, time.perf_counter() - started))
+            await batch.finish(session)
+            duration = time.perf_counter() - started
+            done.append(_Done(item, duration, batch.touched(session)))
         except Exception as exc:
             await batch.undo(session)
-            if isinstance(exc, LeaseLost):
-                after.append(_lost(item))
-                return
-            await self._failed(batch, item, policy, exc, time.perf_counter() - started, after)
+            duration = time.perf_counter() - started
+            if not await self._failed(batch, item, policy, exc, duration, after):
+                lost.add(item.id)
         finally:
-            hand_back(session.sync_session)
-            await session.close()
+            await batch.close(session)
+        return duration
 
     async def _failed(
         self,
@@ -320,8 +403,9 @@ class Worker:
         policy: RetryPolicy,
         exc: BaseException,
         duration: float,
-        after: list[tuple[str, str, int, dict[str, Any]]],
-    ) -> None:
+        after: list[Event],
+    ) -> bool:
+        """Record a failed attempt's retry or end per the policy; False if the lease was lost."""
         decision = policy.decide(exc, item.attempt, clock.utcnow())
         text = _error_text(exc)
         fields: dict[str, Any] = {
@@ -331,38 +415,37 @@ class Worker:
             "duration_ms": round(duration * 1000, 1),
             "error": f"{type(exc).__name__}: {exc}",
         }
+        event: Event
         if isinstance(decision, Retry):
-            if await batch.outcome(item, TaskState.AVAILABLE, decision.wait, text):
-                after.append(
-                    (
-                        "task.retry",
-                        "failed; rolled back, will retry",
-                        logging.WARNING,
-                        {**fields, "wait": round(decision.wait, 3)},
-                    )
-                )
-            else:
-                after.append(_lost(item))
+            state, wait = TaskState.AVAILABLE, decision.wait
+            event = (
+                "task.retry",
+                "failed; rolled back, will retry",
+                logging.WARNING,
+                {**fields, "wait": round(decision.wait, 3)},
+            )
         elif isinstance(decision, Discard):
-            if await batch.outcome(item, TaskState.DISCARDED, None, text):
-                after.append(
-                    ("task.discarded", "failed with a discard_on error", logging.INFO, fields)
-                )
-            else:
-                after.append(_lost(item))
+            state, wait = TaskState.DISCARDED, None
+            event = (
+                "task.discarded",
+                "failed with a discard_on error",
+                logging.INFO,
+                fields,
+            )
         else:
             assert isinstance(decision, GiveUp)
-            if await batch.outcome(item, TaskState.DEAD, None, text):
-                after.append(
-                    (
-                        "task.dead",
-                        f"failed; {decision.reason}; kept as dead",
-                        logging.ERROR,
-                        {**fields, "reason": decision.reason},
-                    )
-                )
-            else:
-                after.append(_lost(item))
+            state, wait = TaskState.DEAD, None
+            event = (
+                "task.dead",
+                f"failed; {decision.reason}; kept as dead",
+                logging.ERROR,
+                {**fields, "reason": decision.reason},
+            )
+        if not await batch.outcome(item, state, wait, text):
+            after.append(_lost(item))
+            return False
+        after.append(event)
+        return True
 
     # -- leases -------------------------------------------------------------------------
 
@@ -418,7 +501,8 @@ async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> None
         raise JobTransactionError(f"the task called {what}() on oncely's session")
 
 
-def _succeeded(item: Leased, duration: float) -> tuple[str, str, int, dict[str, Any]]:
+def _succeeded(done: _Done) -> Event:
+    item = done.item
     return (
         "task.succeeded",
         "succeeded",
@@ -427,12 +511,17 @@ def _succeeded(item: Leased, duration: float) -> tuple[str, str, int, dict[str, 
             "task": item.task,
             "id": item.id,
             "attempt": item.attempt,
-            "duration_ms": round(duration * 1000, 1),
+            "duration_ms": round(done.duration * 1000, 1),
         },
     )
 
 
-def _lost(item: Leased) -> tuple[str, str, int, dict[str, Any]]:
+def _emit(event: Event) -> None:
+    name, text, level, fields = event
+    events.emit(name, text, level=level, **fields)
+
+
+def _lost(item: Leased) -> Event:
     return (
         "task.lease_lost",
         "another worker took this task over; this attempt rolled back",
@@ -441,7 +530,7 @@ def _lost(item: Leased) -> tuple[str, str, int, dict[str, Any]]:
     )
 
 
-def _ended(item: Leased, event: str, text: str, error: str) -> tuple[str, str, int, dict[str, Any]]:
+def _ended(item: Leased, event: str, text: str, error: str) -> Event:
     return (
         event,
         text,
@@ -457,12 +546,12 @@ async def consume(
     concurrency: int = DEFAULT_CONCURRENCY,
     lease: float | None = None,
     queues: list[str] | None = None,
-    batch: int = DEFAULT_BATCH,
+    batch: int = MAX_BATCH,
     poll: float = DEFAULT_POLL,
 ) -> None:
     """Run `app`'s tasks until `stopping` is set and the batches in flight have committed.
 
-    `concurrency` transactions run at once, each a batch of up to `batch` tasks; `lease`
+    `concurrency` lanes run at once, each leasing up to `batch` tasks at a time; `lease`
     (default `app.lease`) is how long a silent worker keeps its tasks; `queues` limits which
     queues it serves (default all); `poll` is the fallback wake-up interval in seconds.
     Cancelling the call rolls back the batches in flight; their tasks run again later.

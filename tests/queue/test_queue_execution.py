@@ -241,6 +241,82 @@ async def test_queue_tasks_take_effect_once_lease_stolen_from_a_slow_worker(
     assert [e["attempt"] for e in recorded.named("task.succeeded")] == [2]
 
 
+async def test_queue_tasks_take_effect_once_one_lease_of_a_batch_stolen(
+    app: Oncely, recorded
+) -> None:  # type: ignore[no-untyped-def]
+    """A's batch of three acks together at its end; B took one of them over before that ack.
+    A's transaction rolls back (the stolen task's insert with the others') and runs again
+    without it: every task's effect lands once, the stolen one's from B."""
+    calls: list[tuple[str, int]] = []
+
+    @app.task
+    async def charge(db, n: int):  # type: ignore[no-untyped-def]
+        calls.append((runner, n))
+        await db.execute(INSERT, {"n": n})
+
+    await in_tx(app, lambda db: charge.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
+    slow, fast = Worker(app, lease=0.2), Worker(app, lease=5)
+    async with app.store.engine.connect() as conn_a, app.store.engine.connect() as conn_b:
+        leased = await app.store.tasks.fetch(conn_a, None, 10, slow.token(), "A", 0.2)
+        assert len(leased) == 3
+        deadline = time.monotonic() + 20
+        while not (rescued := await app.store.tasks.rescue(limit=1)):
+            assert time.monotonic() < deadline, "the lease never expired"
+            await asyncio.sleep(0.05)
+        (stolen,) = await app.store.tasks.fetch(conn_b, None, 10, fast.token(), "B", 5)
+        assert stolen.id == rescued[0].id
+        runner = "B"
+        await fast.run_batch(conn_b, [stolen])
+        runner = "A"
+        await slow.run_batch(conn_a, leased)
+    assert await effects(app) == [1, 2, 3]
+    by_id = {item.id: item.args["n"] for item in leased}
+    others = sorted(n for i, n in by_id.items() if i != stolen.id)
+    # A ran its batch twice: all three, then (rolled back) the two it still held.
+    assert sorted(n for who, n in calls if who == "A") == sorted([*by_id.values(), *others])
+    assert [e["id"] for e in recorded.named("task.lease_lost")] == [stolen.id]
+    assert sorted(e["id"] for e in recorded.named("task.succeeded")) == sorted(by_id)
+    assert {i: s for i, s in (await states(app)).items()} == {
+        i: ("succeeded", 2 if i == stolen.id else 1) for i in by_id
+    }
+
+
+async def test_queue_tasks_take_effect_once_lease_taken_while_the_batch_runs(
+    app: Oncely, recorded, db_url: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A task that wrote is taken over (here: discarded) while a later task of its batch runs:
+    the batch's rows are not locked before its ack, so the takeover goes through at once; the
+    ack finds the lease gone and the batch runs again without it: its insert never lands."""
+    if db_url.startswith("sqlite"):
+        pytest.skip(
+            "SQLite has one writer: the batch's open transaction holds it, so no one can take "
+            "a lease over while a batch runs (the test above takes it over before)"
+        )
+    from oncely.queue import discard_task
+
+    ids: dict[int, int] = {}
+
+    @app.task
+    async def charge(db, n: int):  # type: ignore[no-untyped-def]
+        await db.execute(INSERT, {"n": n})
+        if n == 3 and 1 in ids:  # once: the batch runs again without task 1
+            await discard_task(app, ids.pop(1))  # another connection, its own transaction
+
+    recs = await in_tx(app, lambda db: charge.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
+    ids.update({rec.args["n"]: rec.id for rec in recs})
+    worker = Worker(app, lease=30)
+    async with app.store.engine.connect() as conn:
+        leased = await app.store.tasks.fetch(conn, None, 10, worker.token(), "A", 30)
+        await asyncio.wait_for(worker.run_batch(conn, leased), 30)
+    assert await effects(app) == [2, 3]
+    assert [e["id"] for e in recorded.named("task.lease_lost")] == [recs[0].id]
+    assert sorted(s for s, _ in (await states(app)).values()) == [
+        "discarded",
+        "succeeded",
+        "succeeded",
+    ]
+
+
 async def test_lease_expired_on_the_last_attempt_goes_dead(app: Oncely) -> None:
     @app.task(retry=RetryPolicy(attempts=1))
     async def once(db, n: int):  # type: ignore[no-untyped-def]

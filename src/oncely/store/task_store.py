@@ -1,10 +1,11 @@
 """The task queue's side of the store: enqueue in the caller's transaction, leases, batches.
 
-A worker runs a batch of leased tasks in ONE transaction: it first marks them succeeded with
-a compare-and-set on (id, lease_token), which also locks the rows, then runs each task in a
-savepoint of its own. A task that raises rolls back to its savepoint and its retry (or end)
-is recorded in the same transaction; a task whose lease was lost is not run at all. The
-commit lands every task's work together with its own ack: one effect per task.
+A worker runs a batch of leased tasks in one transaction, each task in a savepoint of its own
+(opened by its first statement: a task that touches no table costs no round trip). A task that
+raises rolls back to its savepoint and its retry (or end) is recorded in the same transaction.
+At the end, one compare-and-set on (id, lease_token) marks every task that returned succeeded;
+the commit lands each task's work together with its ack: one effect per task. The worker rolls
+the whole transaction back if a task that wrote turns out to have lost its lease.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -24,10 +26,10 @@ from sqlalchemy.orm import Session
 
 from .. import clock, hooks
 from ..model import TaskRecord, TaskState
-from . import tasks_sql
+from . import tables, tasks_sql
 from .claims import _raise_translated
 from .dialect import Dialect
-from .session import AttemptSession
+from .session import AttemptSession, hand_back
 
 if TYPE_CHECKING:
     from . import Store
@@ -66,13 +68,23 @@ def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
     )
 
 
+_STATEMENTS: dict[str, Any] = {}
+
+
 def _statement(dialect: Dialect) -> Any:
-    run_at, delay = tasks_sql.enqueue_times()
-    return tasks_sql.enqueue(dialect.insert(), dialect.now(), dialect.due_at(run_at, delay))
+    """tasks_sql.enqueue for this database, built once (database time bound if need be)."""
+    stmt = _STATEMENTS.get(dialect.name)
+    if stmt is None:
+        run_at, delay = tasks_sql.enqueue_times()
+        stmt = _STATEMENTS[dialect.name] = tasks_sql.enqueue(
+            dialect.insert(), dialect.now_sql(), dialect.due_at(run_at, delay)
+        )
+    return stmt
 
 
 def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     now = None if dialect.database_clock else clock.utcnow()
+    now_params = dialect.now_params()
     params = []
     for entry in entries:
         run_at = entry.get("run_at")
@@ -87,6 +99,7 @@ def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[st
                 "p_key": entry.get("idempotency_key"),
                 "p_run_at": run_at,
                 "p_delay": delay,
+                **now_params,
             }
         )
     return params
@@ -150,6 +163,15 @@ def _missing(entries: Sequence[dict[str, Any]], inserted: list[Any]) -> dict[str
     return missing
 
 
+def _bound(session: Session) -> Any:
+    """What the session runs its statements on (an Engine or a Connection), if it has one
+    bind for all (else None): its dialect, without a round trip."""
+    try:
+        return session.get_bind()
+    except sa.exc.UnboundExecutionError:
+        return None
+
+
 async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
@@ -157,14 +179,16 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
     """
     from . import dialect_for
 
-    conn = await session.connection()
-    dialect = dialect_for(conn.dialect.name)
+    bind = _bound(session.sync_session) or await session.connection()
+    dialect = dialect_for(bind.dialect.name)
     try:
         inserted: list[Any] = []
         for chunk in _chunks(_params(dialect, entries)):
-            bulk = dialect.bulk_enqueue(chunk)
+            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
             if bulk is not None:
                 inserted += (await session.execute(*bulk)).all()
+            elif len(chunk) == 1:
+                inserted += (await session.execute(_statement(dialect), chunk[0])).all()
             else:
                 inserted += (await session.execute(_statement(dialect), chunk)).all()
         existing: list[Any] = []
@@ -179,13 +203,15 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     """`enqueue` for a synchronous Session (Django, Flask, scripts)."""
     from . import dialect_for
 
-    dialect = dialect_for(session.connection().dialect.name)
+    dialect = dialect_for((_bound(session) or session.connection()).dialect.name)
     try:
         inserted: list[Any] = []
         for chunk in _chunks(_params(dialect, entries)):
-            bulk = dialect.bulk_enqueue(chunk)
+            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
             if bulk is not None:
                 inserted += session.execute(*bulk).all()
+            elif len(chunk) == 1:
+                inserted += session.execute(_statement(dialect), chunk[0]).all()
             else:
                 inserted += session.execute(_statement(dialect), chunk).all()
         existing: list[Any] = []
@@ -194,22 +220,6 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     except DBAPIError as exc:
         _raise_translated(dialect, exc)
     return _merge(entries, inserted, existing)
-
-
-async def _lease(
-    conn: AsyncConnection,
-    dialect: Dialect,
-    queues: Sequence[str] | None,
-    limit: int,
-    token: str,
-    by: str,
-    lease: float,
-) -> list[Leased]:
-    stmt = tasks_sql.fetch(queues, limit, token, by, dialect.now(), dialect.after(lease))
-    rows = (await conn.execute(stmt)).all()
-    leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
-    leased.sort(key=lambda item: item.id)
-    return leased
 
 
 SAVEPOINT = "oncely_task"
@@ -229,18 +239,31 @@ def _open_savepoint(session: Session, _transaction: Any, connection: Connection)
     session.info[_TOUCHED] = True
 
 
+def _by_token(leased: Sequence[Leased]) -> dict[str, list[int]]:
+    by_token: dict[str, list[int]] = {}
+    for item in leased:
+        by_token.setdefault(item.token, []).append(item.id)
+    return by_token
+
+
 class Batch:
     """One transaction running several leased tasks, each in a savepoint of its own."""
 
-    def __init__(self, conn: AsyncConnection, dialect: Dialect, ack_one: Any) -> None:
+    def __init__(self, conn: AsyncConnection, tasks: TaskStore) -> None:
         self.conn = conn
-        self.dialect = dialect
-        self._ack_one = ack_one
+        self.tasks = tasks
+        self.dialect = tasks.dialect
         self.acked: list[Leased] = []
         """The tasks this batch acked: they succeed iff the batch commits."""
+        self._spare: AsyncSession | None = None
+        self.savepoints = 0
+        """How many tasks of this batch opened a savepoint (wrote, or tried to)."""
 
     def session(self) -> AsyncSession:
         """A session for one task; it never commits or rolls back the batch's transaction."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            return spare
         return AsyncSession(
             bind=self.conn,
             join_transaction_mode="rollback_only",
@@ -248,18 +271,30 @@ class Batch:
             expire_on_commit=False,
         )
 
+    async def finish(self, session: AsyncSession) -> None:
+        """Flush what the task left pending (in its savepoint): its work is then all in SQL."""
+        sync = session.sync_session
+        if sync.identity_map or sync.new or sync.deleted:
+            await session.flush()
+
+    async def close(self, session: AsyncSession) -> None:
+        """Done with a task's session: an untouched one serves the next task of the batch."""
+        sync = session.sync_session
+        if self.touched(session):
+            self.savepoints += 1
+        elif self._spare is None and not (sync.info or sync.identity_map or sync.in_transaction()):
+            self._spare = session
+            return
+        hand_back(sync)
+        await session.close()
+        if self._spare is None:  # closed, it is as good as new for the next task
+            sync.info.clear()
+            self._spare = session
+
     @staticmethod
     def touched(session: AsyncSession) -> bool:
         """Whether the task's session ran a statement (and so opened its savepoint)."""
         return bool(session.sync_session.info.get(_TOUCHED))
-
-    async def ack_in(self, session: AsyncSession, item: Leased) -> bool:
-        """In the task's savepoint, after its work: mark it succeeded iff the lease is ours."""
-        params = {"p_id": item.id, "p_token": item.token}
-        held = (await session.execute(self._ack_one, params)).first() is not None
-        if held:
-            self.acked.append(item)
-        return held
 
     async def undo(self, session: AsyncSession) -> None:
         """Roll the task's work back to its savepoint (the batch's other work stays)."""
@@ -267,13 +302,12 @@ class Batch:
             await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
 
     async def ack(self, leased: Sequence[Leased]) -> set[int]:
-        """Mark tasks that did no database work succeeded iff their leases are still ours."""
+        """Mark tasks that succeeded in this batch (whether or not they wrote) succeeded iff
+        their leases are still ours, in one statement per lease token; the ids that were."""
         held: set[int] = set()
-        by_token: dict[str, list[int]] = {}
-        for item in leased:
-            by_token.setdefault(item.token, []).append(item.id)
-        for token, ids in by_token.items():
-            rows = await self.conn.execute(tasks_sql.ack(ids, token, self.dialect.now()))
+        for token, ids in _by_token(leased).items():
+            params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
+            rows = await self.conn.execute(self.tasks.ack_statement, params)
             held.update(r.id for r in rows)
         self.acked += [item for item in leased if item.id in held]
         return held
@@ -283,7 +317,7 @@ class Batch:
     ) -> list[Leased]:
         """Lease the next tasks in this transaction: they commit with this batch's acks, so a
         busy worker pays one commit per batch, not two."""
-        return await _lease(self.conn, self.dialect, queues, limit, token, by, lease)
+        return await self.tasks.lease(self.conn, queues, limit, token, by, lease)
 
     async def outcome(
         self, item: Leased, state: TaskState, wait: float | None, error: str | None
@@ -303,7 +337,41 @@ class TaskStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.dialect = store.dialect
-        self._ack_one = tasks_sql.ack_one(self.dialect.now())
+        self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
+        self._fetch: dict[tuple[tuple[str, ...] | None, float], Any] = {}
+
+    def _fetch_statement(self, queues: Sequence[str] | None, lease: float) -> Any:
+        key = (tuple(queues) if queues is not None else None, lease)
+        stmt = self._fetch.get(key)
+        if stmt is None:
+            # With a database clock the lease's end is an expression of it; without one it is
+            # bound at each call (p_until).
+            until = (
+                self.dialect.after(lease)
+                if self.dialect.database_clock
+                else sa.bindparam("p_until", type_=tables.tasks.c.lease_expires_at.type)
+            )
+            stmt = self._fetch[key] = tasks_sql.fetch(queues, self.dialect.now_sql(), until)
+        return stmt
+
+    async def lease(
+        self,
+        conn: AsyncConnection,
+        queues: Sequence[str] | None,
+        limit: int,
+        token: str,
+        by: str,
+        lease: float,
+    ) -> list[Leased]:
+        """Lease up to `limit` due tasks in `conn`'s open transaction, oldest id first."""
+        params: dict[str, Any] = {"p_limit": limit, "p_token": token, "p_by": by}
+        params.update(self.dialect.now_params())
+        if not self.dialect.database_clock:
+            params["p_until"] = self.dialect.after(lease)
+        rows = (await conn.execute(self._fetch_statement(queues, lease), params)).all()
+        leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+        leased.sort(key=lambda item: item.id)
+        return leased
 
     async def fetch(
         self,
@@ -317,7 +385,7 @@ class TaskStore:
         """Lease up to `limit` due tasks in a transaction of their own (the attempt counts)."""
         with self.store.translate():
             async with conn.begin():
-                return await _lease(conn, self.dialect, queues, limit, token, by, lease)
+                return await self.lease(conn, queues, limit, token, by, lease)
 
     @contextlib.asynccontextmanager
     async def batch(self, conn: AsyncConnection) -> AsyncIterator[Batch]:
@@ -329,8 +397,14 @@ class TaskStore:
         """
         with self.store.translate():
             async with conn.begin():
-                batch = Batch(conn, self.dialect, self._ack_one)
-                yield batch
+                batch = Batch(conn, self)
+                try:
+                    yield batch
+                finally:
+                    spare, batch._spare = batch._spare, None
+                    if spare is not None:
+                        hand_back(spare.sync_session)
+                        await spare.close()
                 await self.dialect.durable(conn)  # before the commit, not before the tasks
                 for item in batch.acked:
                     hooks.before_commit(item.task, str(item.id))

@@ -65,15 +65,14 @@ def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
     return sa.select(tasks).where(tasks.c.task == task, tasks.c.idempotency_key.in_(keys))
 
 
-def fetch(
-    queues: Sequence[str] | None, limit: int, token: str, by: str, now: Any, until: Any
-) -> Any:
-    """Lease up to `limit` due tasks (skipping rows other workers hold): one attempt each."""
+def fetch(queues: Sequence[str] | None, now: Any, until: Any) -> Any:
+    """Lease up to :p_limit due tasks (skipping rows other workers hold) for :p_token and
+    :p_by: one attempt each. Built once per worker; `until` is the lease's end."""
     due = (
         sa.select(tasks.c.id)
         .where(tasks.c.state == AVAILABLE, tasks.c.run_at <= now)
         .order_by(tasks.c.run_at, tasks.c.id)
-        .limit(limit)
+        .limit(sa.bindparam("p_limit", type_=sa.Integer()))
         .with_for_update(skip_locked=True)
     )
     if queues is not None:
@@ -84,8 +83,8 @@ def fetch(
         .values(
             state=RUNNING,
             attempt=tasks.c.attempt + 1,
-            lease_token=token,
-            locked_by=by,
+            lease_token=sa.bindparam("p_token", type_=sa.String()),
+            locked_by=sa.bindparam("p_by", type_=sa.String()),
             started_at=now,
             lease_expires_at=until,
             finished_at=None,
@@ -94,26 +93,17 @@ def fetch(
     )
 
 
-def ack(ids: Sequence[int], token: str, now: Any) -> Any:
-    """Mark leased tasks succeeded iff the lease is still ours; RETURNING the ids that were.
+def ack(now: Any) -> Any:
+    """Mark the leased tasks :p_ids succeeded iff their lease (:p_token) is still ours;
+    RETURNING the ids that were.
 
-    Runs inside the task's own transaction (savepoint), after its work: the row stays locked
-    until that work commits with it. A worker whose lease was taken over matches no row.
+    Runs in the batch's transaction after the tasks' work, so each task's ack commits with its
+    work; a task whose lease was taken over meanwhile matches no row. Built once.
     """
     return (
         sa.update(tasks)
-        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
-        .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
-        .returning(tasks.c.id)
-    )
-
-
-def ack_one(now: Any) -> sa.Update:
-    """`ack` for one task, built once: bound p_id and p_token (the hot path of a worker)."""
-    return (
-        sa.update(tasks)
         .where(
-            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.id.in_(sa.bindparam("p_ids", expanding=True)),
             tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
             tasks.c.state == RUNNING,
         )
