@@ -9,11 +9,14 @@ run instead of skipping its tests.
 
 from __future__ import annotations
 
+import asyncio.selector_events
+import contextlib
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -102,3 +105,22 @@ def run_cli(
 # oncely's own pytest plugin (also an entry point once installed; named after its module,
 # so loading it both ways registers it once).
 pytest_plugins = ["oncely.testing.plugin"]
+
+
+@contextlib.contextmanager
+def wire_messages(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """The type byte of every message written to a socket while open (Postgres protocol:
+    Q = simple query, P = parse, B = bind+execute): counts round trips, not times."""
+    sent: list[bytes] = []
+    transport = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+    write = transport.write
+
+    def counting_write(self: Any, data: Any) -> None:
+        sent.append(bytes(data[:1]))
+        write(self, data)
+
+    monkeypatch.setattr(transport, "write", counting_write)
+    try:
+        yield sent
+    finally:
+        monkeypatch.setattr(transport, "write", write)

@@ -8,9 +8,7 @@ to the attempt shows up here before it shows up in a benchmark.
 
 from __future__ import annotations
 
-import asyncio.selector_events
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 
@@ -23,7 +21,7 @@ SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
 async def test_app_run_is_three_round_trips(
     postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.conftest import _reset_postgres
+    from tests.conftest import _reset_postgres, wire_messages
 
     _reset_postgres(postgres_database)
     app = Oncely(postgres_database)
@@ -32,25 +30,16 @@ async def test_app_run_is_three_round_trips(
     async def noop(db, now) -> None:  # type: ignore[no-untyped-def]
         return None
 
-    sent: list[bytes] = []
-    transport = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
-    write = transport.write
-
-    def counting_write(self: Any, data: Any) -> None:
-        sent.append(bytes(data[:1]))
-        write(self, data)
-
     try:
         await app.migrate()
         await app.run("noop", now=SLOT)  # prepares the statements once
-        monkeypatch.setattr(transport, "write", counting_write)
-        for second in range(1, 4):
-            sent.clear()
-            result = await app.run("noop", now=SLOT + timedelta(seconds=second))
-            assert result.status is RunStatus.RAN
-            # Q = simple query (BEGIN; the finish with COMMIT), B = bind+execute of a
-            # prepared statement (lock-and-claim)
-            assert sent == [b"Q", b"B", b"Q"]
+        with wire_messages(monkeypatch) as sent:
+            for second in range(1, 4):
+                sent.clear()
+                result = await app.run("noop", now=SLOT + timedelta(seconds=second))
+                assert result.status is RunStatus.RAN
+                # Q = simple query (BEGIN; the finish with COMMIT), B = bind+execute of a
+                # prepared statement (lock-and-claim)
+                assert sent == [b"Q", b"B", b"Q"]
     finally:
-        monkeypatch.undo()
         await app.aclose()

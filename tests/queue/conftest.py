@@ -24,6 +24,20 @@ async def app(db_url: str) -> AsyncIterator[Oncely]:
 
 
 @pytest.fixture
+async def pg_app(postgres_database: str) -> AsyncIterator[Oncely]:
+    """`app` on Postgres alone, for what only Postgres can show (its wire, its many writers)."""
+    from tests.conftest import _reset_postgres
+
+    _reset_postgres(postgres_database)
+    oncely = Oncely(postgres_database, lease=5)
+    await oncely.migrate()
+    async with oncely.store.engine.begin() as conn:
+        await conn.execute(sa.text(EFFECTS_DDL))
+    yield oncely
+    await oncely.aclose()
+
+
+@pytest.fixture
 def recorded() -> Any:
     from oncely import events
 

@@ -196,16 +196,11 @@ async def test_enqueue_inside_a_task_commits_with_it(app: Oncely) -> None:
     assert states == [("first", "succeeded"), ("second", "succeeded")]
 
 
-async def test_enqueue_on_an_autocommit_session_is_its_own_transaction(
-    app: Oncely, db_url: str
-) -> None:
+@pytest.mark.postgres
+async def test_enqueue_on_an_autocommit_session_is_its_own_transaction(pg_app: Oncely) -> None:
     """With no transaction of the caller's (an AUTOCOMMIT session), the enqueue's one
     statement is the transaction: the task exists once it returns, a known key adds nothing."""
-    if db_url.startswith("sqlite"):
-        pytest.skip(
-            "oncely's SQLite engine opens every transaction with BEGIN IMMEDIATE, AUTOCOMMIT "
-            "or not, so an autocommit session's enqueue waits for a commit there"
-        )
+    app = pg_app
     charge = _tasks(app)
     auto = app.store.engine.execution_options(isolation_level="AUTOCOMMIT")
     async with AsyncSession(auto) as db:

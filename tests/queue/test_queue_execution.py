@@ -281,17 +281,15 @@ async def test_queue_tasks_take_effect_once_one_lease_of_a_batch_stolen(
     }
 
 
+@pytest.mark.postgres
 async def test_queue_tasks_take_effect_once_lease_taken_while_the_batch_runs(
-    app: Oncely, recorded, db_url: str
-) -> None:  # type: ignore[no-untyped-def]
+    pg_app: Oncely,
+    recorded,  # type: ignore[no-untyped-def]
+) -> None:
     """A task that wrote is taken over (here: discarded) while a later task of its batch runs:
     the batch's rows are not locked before its ack, so the takeover goes through at once; the
     ack finds the lease gone and the batch runs again without it: its insert never lands."""
-    if db_url.startswith("sqlite"):
-        pytest.skip(
-            "SQLite has one writer: the batch's open transaction holds it, so no one can take "
-            "a lease over while a batch runs (the test above takes it over before)"
-        )
+    app = pg_app
     from oncely.queue import discard_task
 
     ids: dict[int, int] = {}

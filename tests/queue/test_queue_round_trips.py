@@ -8,12 +8,10 @@ larger batch commits in several transactions.
 
 from __future__ import annotations
 
-import asyncio.selector_events
-from typing import Any
-
 import pytest
 import sqlalchemy as sa
 from queue_helpers import effects, in_tx  # type: ignore[import-not-found]
+from tests.conftest import wire_messages
 
 from oncely import Oncely
 from oncely.queue import DEFAULT_BATCH, SAVEPOINTS, Worker
@@ -21,11 +19,11 @@ from oncely.queue import DEFAULT_BATCH, SAVEPOINTS, Worker
 INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
 
 
+@pytest.mark.postgres
 async def test_a_batch_costs_two_round_trips_per_task_that_writes(
-    app: Oncely, db_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip("counts the messages oncely sends to a Postgres server")
+    app = pg_app
 
     @app.task
     async def record(db, n: int):  # type: ignore[no-untyped-def]
@@ -39,22 +37,11 @@ async def test_a_batch_costs_two_round_trips_per_task_that_writes(
     await in_tx(app, lambda db: record.enqueue_many(db, [{"n": n} for n in range(writers)]))
     await in_tx(app, lambda db: nothing.enqueue_many(db, [{"n": n} for n in range(5)]))
     worker = Worker(app, batch=1000)
-    sent: list[bytes] = []
-    transport = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
-    write = transport.write
-
-    def counting_write(self: Any, data: Any) -> None:
-        sent.append(bytes(data[:1]))
-        write(self, data)
-
     async with app.store.engine.connect() as conn:
         leased = await app.store.tasks.fetch(conn, None, 1000, worker.token(), "A", 30)
         assert len(leased) == writers + 5
-        monkeypatch.setattr(transport, "write", counting_write)
-        try:
+        with wire_messages(monkeypatch) as sent:
             await worker.run_batch(conn, leased)
-        finally:
-            monkeypatch.undo()
     assert await effects(app) == list(range(writers))
     # Q = simple query (BEGIN, COMMIT), B = bind+execute, P = parse (a statement's first use)
     executed = [m for m in sent if m != b"P"]
