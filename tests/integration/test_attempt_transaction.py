@@ -35,8 +35,9 @@ class Coin(Base):
 
 
 @contextlib.asynccontextmanager
-async def one_connection_app(url: str) -> AsyncIterator[Oncely]:
-    engine = create_async_engine(normalize_url(url), pool_size=1, max_overflow=0)
+async def one_connection_app(url: str, *, as_is: bool = False) -> AsyncIterator[Oncely]:
+    """An app on a pool of one connection; `as_is`: the URL's driver, not oncely's choice."""
+    engine = create_async_engine(url if as_is else normalize_url(url), pool_size=1, max_overflow=0)
     app = Oncely(engine)
     await app.migrate()
     async with engine.begin() as conn:
@@ -199,3 +200,32 @@ async def test_tables_dropped_under_a_running_app_name_the_fix(app: Oncely) -> N
         await conn.exec_driver_sql("DROP TABLE oncely_runs")
     with pytest.raises(SchemaMissingError, match="oncely migrate"):
         await app.run("tick", now=SLOT + timedelta(seconds=1))
+
+
+@pytest.mark.postgres
+async def test_another_async_driver_keeps_sqlalchemys_transaction(postgres_database: str) -> None:
+    """With psycopg instead of asyncpg, SQLAlchemy runs the attempt's transaction: the same
+    outcomes, the same one effect."""
+    from sqlalchemy.engine import make_url
+    from tests.conftest import _reset_postgres
+
+    _reset_postgres(postgres_database)
+    url = make_url(postgres_database).set(drivername="postgresql+psycopg")
+    async with one_connection_app(url.render_as_string(hide_password=False), as_is=True) as app:
+        assert app.store.engine.dialect.driver == "psycopg"
+
+        @app.job(every(seconds=1), name="fails")
+        async def fails(db, now) -> None:  # type: ignore[no-untyped-def]
+            await db.execute(insert("lost"))
+            raise RuntimeError("after writing")
+
+        @app.job(every(seconds=1), name="lands")
+        async def lands(db, now) -> None:  # type: ignore[no-untyped-def]
+            db.add(Coin(member="kept"))
+
+        assert (await app.attempt("fails", now=SLOT)).status is RunStatus.FAILED
+        assert (await app.run("lands", now=SLOT)).status is RunStatus.RAN
+        assert (await app.run("lands", now=SLOT)).status is RunStatus.SKIPPED
+        assert await members(app) == ["kept"]
+        claims = await app.history()
+        assert [c.job for c in claims] == ["lands"] and claims[0].finished_at is not None
