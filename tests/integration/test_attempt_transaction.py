@@ -74,7 +74,10 @@ def insert(member: str) -> sa.TextClause:
     return sa.text(f"INSERT INTO coins (member) VALUES ('{member}')")
 
 
-async def test_a_failed_attempts_writes_never_ride_with_the_next_commit(app: Oncely) -> None:
+async def fail_then_land(app: Oncely) -> None:
+    """A job that writes then raises, then one that lands (an ORM object it never flushed)
+    on the same pooled connection: only the second one's row and claim exist afterwards."""
+
     @app.job(every(seconds=1), name="fails")
     async def fails(db, now) -> None:  # type: ignore[no-untyped-def]
         await db.execute(insert("lost"))
@@ -82,12 +85,18 @@ async def test_a_failed_attempts_writes_never_ride_with_the_next_commit(app: Onc
 
     @app.job(every(seconds=1), name="lands")
     async def lands(db, now) -> None:  # type: ignore[no-untyped-def]
-        await db.execute(insert("kept"))
+        db.add(Coin(member="kept"))
 
     assert (await app.attempt("fails", now=SLOT)).status is RunStatus.FAILED
     assert (await app.run("lands", now=SLOT)).status is RunStatus.RAN
+    assert (await app.run("lands", now=SLOT)).status is RunStatus.SKIPPED
     assert await members(app) == ["kept"]
-    assert [c.job for c in await app.history()] == ["lands"]
+    claims = await app.history()
+    assert [c.job for c in claims] == ["lands"] and claims[0].finished_at is not None
+
+
+async def test_a_failed_attempts_writes_never_ride_with_the_next_commit(app: Oncely) -> None:
+    await fail_then_land(app)
 
 
 async def test_a_cancelled_attempt_lands_nothing_and_frees_its_connection(app: Oncely) -> None:
@@ -213,19 +222,4 @@ async def test_another_async_driver_keeps_sqlalchemys_transaction(postgres_datab
     url = make_url(postgres_database).set(drivername="postgresql+psycopg")
     async with one_connection_app(url.render_as_string(hide_password=False), as_is=True) as app:
         assert app.store.engine.dialect.driver == "psycopg"
-
-        @app.job(every(seconds=1), name="fails")
-        async def fails(db, now) -> None:  # type: ignore[no-untyped-def]
-            await db.execute(insert("lost"))
-            raise RuntimeError("after writing")
-
-        @app.job(every(seconds=1), name="lands")
-        async def lands(db, now) -> None:  # type: ignore[no-untyped-def]
-            db.add(Coin(member="kept"))
-
-        assert (await app.attempt("fails", now=SLOT)).status is RunStatus.FAILED
-        assert (await app.run("lands", now=SLOT)).status is RunStatus.RAN
-        assert (await app.run("lands", now=SLOT)).status is RunStatus.SKIPPED
-        assert await members(app) == ["kept"]
-        claims = await app.history()
-        assert [c.job for c in claims] == ["lands"] and claims[0].finished_at is not None
+        await fail_then_land(app)

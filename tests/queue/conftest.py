@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,15 +13,24 @@ from queue_helpers import EFFECTS_DDL, Events  # type: ignore[import-not-found]
 from oncely import Oncely
 
 
-@pytest.fixture
-async def app(db_url: str) -> AsyncIterator[Oncely]:
-    """An app on the test database, migrated, with an empty `effects` table."""
-    oncely = Oncely(db_url, lease=5)
+@contextlib.asynccontextmanager
+async def queue_app(url: str) -> AsyncIterator[Oncely]:
+    """An app on `url`, migrated, with an empty `effects` table."""
+    oncely = Oncely(url, lease=5)
     await oncely.migrate()
     async with oncely.store.engine.begin() as conn:
         await conn.execute(sa.text(EFFECTS_DDL))
-    yield oncely
-    await oncely.aclose()
+    try:
+        yield oncely
+    finally:
+        await oncely.aclose()
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[Oncely]:
+    """An app on the test database (each of them), migrated, with an empty `effects` table."""
+    async with queue_app(db_url) as oncely:
+        yield oncely
 
 
 @pytest.fixture
@@ -29,12 +39,8 @@ async def pg_app(postgres_database: str) -> AsyncIterator[Oncely]:
     from tests.conftest import _reset_postgres
 
     _reset_postgres(postgres_database)
-    oncely = Oncely(postgres_database, lease=5)
-    await oncely.migrate()
-    async with oncely.store.engine.begin() as conn:
-        await conn.execute(sa.text(EFFECTS_DDL))
-    yield oncely
-    await oncely.aclose()
+    async with queue_app(postgres_database) as oncely:
+        yield oncely
 
 
 @pytest.fixture
