@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.dml import Insert
 
 from .. import clock
-from . import sql
+from . import sql, tasks_sql
 
 MISSING_TABLES = (
     "oncely's tables are missing: run `oncely migrate` (or include "
@@ -90,6 +90,12 @@ class Dialect(abc.ABC):
     def finish_statement(self) -> sa.Update:
         """sql.finish_bound for this database, built once."""
         return sql.finish_bound(self.now_sql())
+
+    @functools.cached_property
+    def enqueue_statement(self) -> Any:
+        """tasks_sql.enqueue for this database, built once (database time bound if need be)."""
+        run_at, delay = tasks_sql.enqueue_times()
+        return tasks_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
 
     @abc.abstractmethod
     async def lock_and_claim(

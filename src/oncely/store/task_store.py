@@ -68,20 +68,6 @@ def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
     )
 
 
-_STATEMENTS: dict[str, Any] = {}
-
-
-def _statement(dialect: Dialect) -> Any:
-    """tasks_sql.enqueue for this database, built once (database time bound if need be)."""
-    stmt = _STATEMENTS.get(dialect.name)
-    if stmt is None:
-        run_at, delay = tasks_sql.enqueue_times()
-        stmt = _STATEMENTS[dialect.name] = tasks_sql.enqueue(
-            dialect.insert(), dialect.now_sql(), dialect.due_at(run_at, delay)
-        )
-    return stmt
-
-
 def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     now = None if dialect.database_clock else clock.utcnow()
     now_params = dialect.now_params()
@@ -188,9 +174,9 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
             if bulk is not None:
                 inserted += (await session.execute(*bulk)).all()
             elif len(chunk) == 1:
-                inserted += (await session.execute(_statement(dialect), chunk[0])).all()
+                inserted += (await session.execute(dialect.enqueue_statement, chunk[0])).all()
             else:
-                inserted += (await session.execute(_statement(dialect), chunk)).all()
+                inserted += (await session.execute(dialect.enqueue_statement, chunk)).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
             existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
@@ -211,9 +197,9 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
             if bulk is not None:
                 inserted += session.execute(*bulk).all()
             elif len(chunk) == 1:
-                inserted += session.execute(_statement(dialect), chunk[0]).all()
+                inserted += session.execute(dialect.enqueue_statement, chunk[0]).all()
             else:
-                inserted += session.execute(_statement(dialect), chunk).all()
+                inserted += session.execute(dialect.enqueue_statement, chunk).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
             existing += session.execute(tasks_sql.by_keys(task, keys)).all()
