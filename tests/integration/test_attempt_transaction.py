@@ -4,7 +4,9 @@ On asyncpg oncely begins and ends an attempt's transaction on the driver and the
 runs inside it; these tests pin what that must never change: a failed or cancelled attempt's
 writes never ride along with a later commit on the same pooled connection, the job's ORM
 changes and savepoints land with the claim, and the claim's end is stamped after the job.
-Each app here has a one-connection pool, so every attempt reuses the previous one's connection.
+Each app here runs every attempt on the previous attempt's connection: a user's engine with a
+pool of one connection, or oncely's own engine, which holds a clean attempt's connection for
+the next attempt (`store/held.py`).
 """
 
 from __future__ import annotations
@@ -39,28 +41,45 @@ async def one_connection_app(url: str, *, as_is: bool = False) -> AsyncIterator[
     """An app on a pool of one connection; `as_is`: the URL's driver, not oncely's choice."""
     engine = create_async_engine(url if as_is else normalize_url(url), pool_size=1, max_overflow=0)
     app = Oncely(engine)
-    await app.migrate()
-    async with engine.begin() as conn:
-        await conn.run_sync(Base.metadata.create_all)
     try:
-        yield app
+        yield await with_coins(app)
     finally:
         await app.aclose()
         await engine.dispose()
 
 
-@pytest.fixture
-async def app(db_url: str) -> AsyncIterator[Oncely]:
-    async with one_connection_app(db_url) as app:
+@contextlib.asynccontextmanager
+async def own_engine_app(url: str) -> AsyncIterator[Oncely]:
+    """An app on the engine oncely builds from a URL (on asyncpg it holds attempt connections)."""
+    app = Oncely(url)
+    try:
+        yield await with_coins(app)
+    finally:
+        await app.aclose()
+
+
+async def with_coins(app: Oncely) -> Oncely:
+    await app.migrate()
+    async with app.store.engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    return app
+
+
+APPS = {"one_connection_pool": one_connection_app, "own_engine": own_engine_app}
+
+
+@pytest.fixture(params=list(APPS))
+async def app(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Oncely]:
+    async with APPS[request.param](db_url) as app:
         yield app
 
 
-@pytest.fixture
-async def pg_app(postgres_database: str) -> AsyncIterator[Oncely]:
+@pytest.fixture(params=list(APPS))
+async def pg_app(request: pytest.FixtureRequest, postgres_database: str) -> AsyncIterator[Oncely]:
     from tests.conftest import _reset_postgres
 
     _reset_postgres(postgres_database)
-    async with one_connection_app(postgres_database) as app:
+    async with APPS[request.param](postgres_database) as app:
         yield app
 
 

@@ -39,6 +39,7 @@ from ..errors import (
 from ..model import Claim
 from . import sql, tasks_sql
 from .dialect import ClaimOutcome, Dialect
+from .held import HeldConnections
 from .migrations import LATEST, MIGRATIONS
 from .postgres import PostgresDialect
 from .session import (
@@ -155,6 +156,10 @@ class Store:
         )
         # Where oncely runs an attempt's transaction on the driver itself (asyncpg), else None.
         self._driver_attempts = self.dialect.attempt_engine(engine)
+        # Clean attempt connections kept for the next attempt, on oncely's own engine only.
+        self._held = (
+            HeldConnections() if owns_engine and self._driver_attempts is not None else None
+        )
         self._schema_checked = False
         self._sync_engine: sa.Engine | None = None
         self._sync_sessions: sessionmaker[AttemptSession] | None = None
@@ -193,6 +198,8 @@ class Store:
 
     async def dispose(self) -> None:
         """Close the pool if oncely built the engine (a user's engine is theirs to close)."""
+        if self._held is not None:
+            await self._held.close()
         if self._owns_engine:
             await self.engine.dispose()
         if self._sync_engine is not None:
@@ -303,8 +310,11 @@ class Store:
                 with contextlib.suppress(Exception):
                     await session.close()
             return
-        with self.translate():
-            conn = await self._driver_attempts.connect()
+        conn = await self._held.take(self.dialect.reusable) if self._held is not None else None
+        if conn is None:
+            with self.translate():
+                conn = await self._driver_attempts.connect()
+        reusable = False
         try:
             with self.translate():
                 driver = await self.dialect.begin_attempt(conn)
@@ -319,11 +329,17 @@ class Store:
                         await session.close()
                 with contextlib.suppress(Exception):
                     await self.dialect.rollback_attempt(driver)
+                    reusable = (
+                        self._held is not None
+                        and not conn.in_transaction()
+                        and await self.dialect.reusable(conn, 0.0)
+                    )
         finally:
             # A transaction still open here (a failed rollback) is closed with the socket
             # when the connection is checked in (see postgres._close_if_open).
-            with contextlib.suppress(Exception):
-                await conn.close()
+            if not (reusable and self._held is not None and self._held.keep(conn)):
+                with contextlib.suppress(Exception):
+                    await conn.close()
 
     async def lock_and_claim(
         self,

@@ -132,6 +132,11 @@ class Dialect(abc.ABC):
         """Roll back the attempt's transaction if it is still open."""
         raise NotImplementedError
 
+    async def reusable(self, conn: AsyncConnection, idle_s: float) -> bool:
+        """Whether an attempt's connection, idle `idle_s` seconds since its transaction ended,
+        can run the next attempt as it is (see `held`); False: give it back to the pool."""
+        return False
+
     def is_driver_error(self, exc: BaseException) -> bool:
         """Whether an exception is the driver's own (raised by statements sent on it)."""
         return False

@@ -61,6 +61,7 @@ LOCK_AND_CLAIM = sa.text(
 # an attempt (4 round trips). A connection in steady use needs no ping: if the server went
 # away within this window, the attempt fails like any attempt in flight during a restart.
 PING_AFTER_IDLE_S = 2.0
+PING_TIMEOUT_S = 10.0
 _CHECKED_IN_AT = "oncely_checked_in_at"
 
 _MISSING_TABLE = "42P01"  # undefined_table
@@ -187,6 +188,12 @@ def lock_id(job: str, key: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _driver(conn: AsyncConnection) -> Any:
+    """The asyncpg connection under a checked-out connection, at hand without I/O
+    (get_raw_connection() would take a greenlet round of its own to answer the same)."""
+    return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
 
@@ -283,9 +290,7 @@ class PostgresDialect(Dialect):
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def begin_attempt(self, conn: AsyncConnection) -> Any:
-        # The checked-out connection is at hand without I/O (get_raw_connection() would take
-        # a greenlet round of its own to answer the same).
-        driver: Any = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
+        driver = _driver(conn)
         await driver.execute("BEGIN")
         return driver
 
@@ -299,6 +304,18 @@ class PostgresDialect(Dialect):
     async def rollback_attempt(self, driver: Any) -> None:
         if not driver.is_closed() and driver.is_in_transaction():
             await driver.execute("ROLLBACK")
+
+    async def reusable(self, conn: AsyncConnection, idle_s: float) -> bool:
+        driver = _driver(conn)
+        if driver.is_closed() or driver.is_in_transaction():
+            return False
+        if idle_s < PING_AFTER_IDLE_S:
+            return True  # in steady use, as for a pooled connection (see _on_checkout)
+        try:
+            await driver.execute(";", timeout=PING_TIMEOUT_S)
+        except Exception:
+            return False
+        return True
 
     async def lock_migrations(self, conn: AsyncConnection) -> None:
         await conn.execute(
