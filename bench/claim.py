@@ -17,9 +17,12 @@ Postgres cases:
 SQLite: the same, with stdlib sqlite3 (WAL) and raw aiosqlite as the driver floors.
 
 Cases run round-robin for --rounds rounds of --seconds each (or --n claims, whichever comes
-first), so a noisy neighbour hurts all cases alike; the table shows the median round. Next
-to claims/s it shows this process's CPU time per claim, which a busy disk or a busy
-neighbour disturbs far less than wall time: it is the cost that is ours.
+first), so a noisy neighbour hurts all cases alike. The table shows each case's median round,
+and its ratio to the baseline as the median of the per-round ratios (with their range): the
+baseline's own speed wanders by a third between seconds on a shared machine, and a ratio
+taken within one round cancels that. Next to claims/s it shows this process's CPU time per
+claim, which a busy disk or a busy neighbour disturbs far less than wall time: it is the cost
+that is ours.
 
     python bench/claim.py                       # both databases, about 25 s
     python bench/claim.py --db sqlite --n 50    # a smoke run
@@ -381,18 +384,22 @@ async def profile(cases: list[Case], args: argparse.Namespace) -> None:
 
 
 def report(db: str, cases: list[Case]) -> None:
-    base = cases[0].rate
-    print(f"\n{db}: median of {len(cases[0].rates)} rounds")
-    cpu_base = cases[0].cpu_us
+    """One row per case; the ratios are the median of each round's ratio to that round's
+    baseline, so a neighbour that slows one round slows both sides of its ratio."""
+    base = cases[0]
+    print(f"\n{db}: median of {len(base.rates)} rounds")
     print(
-        f"| {'case':<44} | {'claims/s':>9} | {'x raw':>5} | {'µs/claim':>8} "
+        f"| {'case':<44} | {'claims/s':>9} | {'x raw':>5} | {'x raw range':>11} | {'µs/claim':>8} "
         f"| {'CPU µs/claim':>12} | {'CPU x raw':>9} |"
     )
-    print(f"|{'-' * 46}|{'-' * 10}:|{'-' * 6}:|{'-' * 9}:|{'-' * 13}:|{'-' * 10}:|")
+    print(f"|{'-' * 46}|{'-' * 10}:|{'-' * 6}:|{'-' * 12}:|{'-' * 9}:|{'-' * 13}:|{'-' * 10}:|")
     for c in cases:
+        ratios = [mine / theirs for mine, theirs in zip(c.rates, base.rates, strict=True)]
+        cpu = [theirs / mine for mine, theirs in zip(c.cpu, base.cpu, strict=True)]
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
         print(
-            f"| {c.name:<44} | {c.rate:>9,.0f} | {c.rate / base:>5.2f} | {1e6 / c.rate:>8,.0f} "
-            f"| {c.cpu_us:>12,.0f} | {c.cpu_us / cpu_base:>9.2f} |"
+            f"| {c.name:<44} | {c.rate:>9,.0f} | {statistics.median(ratios):>5.2f} | {spread:>11} "
+            f"| {1e6 / c.rate:>8,.0f} | {c.cpu_us:>12,.0f} | {1 / statistics.median(cpu):>9.2f} |"
         )
 
 

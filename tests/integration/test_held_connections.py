@@ -9,8 +9,10 @@ What a failed or cancelled attempt leaves on its connection: test_attempt_transa
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import warnings
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -118,3 +120,29 @@ def test_a_connection_held_by_a_finished_event_loop_is_not_reused(
         asyncio.run(app.aclose())
     assert len(set(pids)) == 3  # a new connection for each loop
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_an_app_dropped_without_closing_lets_its_connection_go_quietly(
+    postgres_database: str,
+) -> None:
+    """Like a pooled connection, a held one goes with its app, without SQLAlchemy's warning
+    about a connection never checked in."""
+    _reset_postgres(postgres_database)
+    sync_engine = sa.create_engine(_sync_url(postgres_database))
+    pids: list[int] = []
+
+    async def run_once() -> None:
+        app = pid_app(postgres_database, pids)
+        await app.migrate()
+        assert (await app.run("pid", now=SLOT)).status is RunStatus.RAN
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await run_once()
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, sa.exc.SAWarning)] == []
+    deadline = time.monotonic() + 10
+    while alive(sync_engine, pids[0]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not alive(sync_engine, pids[0])
+    sync_engine.dispose()

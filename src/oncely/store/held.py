@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ class HeldConnections:
     def __init__(self, limit: int = HOLD_AT_MOST) -> None:
         self._limit = limit
         self._held: list[_Held] = []
+        # An app dropped (or a script ended) without closing it: let go of what is held
+        # without I/O, as the pool lets go of the connections it keeps.
+        weakref.finalize(self, _abandon, self._held)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -70,7 +74,8 @@ class HeldConnections:
     async def close(self) -> None:
         """Give every held connection back (a connection of another loop is discarded)."""
         loop = asyncio.get_running_loop()
-        held, self._held = self._held, []
+        held = list(self._held)
+        self._held.clear()
         for one in held:
             if one.loop is loop:
                 with contextlib.suppress(Exception):
@@ -79,13 +84,27 @@ class HeldConnections:
                 await _discard(one.conn)
 
 
+def _terminate(conn: AsyncConnection) -> None:
+    """Close the driver's socket by hand: on a connection of a closed event loop this fails
+    half-way yet leaves the driver closed, so the pool's own close has nothing left to fail on."""
+    with contextlib.suppress(Exception):
+        conn.sync_connection.connection.driver_connection.terminate()  # type: ignore[union-attr]
+
+
 async def _discard(conn: AsyncConnection) -> None:
     """Close a connection's socket and hand its pool slot back without using it again."""
-    with contextlib.suppress(Exception):
-        # First by hand: on a connection of a closed event loop this fails half-way yet leaves
-        # the driver closed, so the pool's own close below has nothing left to fail on.
-        conn.sync_connection.connection.driver_connection.terminate()  # type: ignore[union-attr]
+    _terminate(conn)
     with contextlib.suppress(Exception):
         await conn.invalidate()
     with contextlib.suppress(Exception):
         await conn.close()
+
+
+def _abandon(held: list[_Held]) -> None:
+    """`_discard` without an event loop: nothing left to wait for once the driver is closed."""
+    for one in held:
+        _terminate(one.conn)
+        with contextlib.suppress(Exception):
+            one.conn.sync_connection.invalidate()  # type: ignore[union-attr]
+            one.conn.sync_connection.close()  # type: ignore[union-attr]
+    held.clear()
