@@ -22,17 +22,11 @@ def _v2_tasks(conn: Connection) -> None:
             conn.exec_driver_sql(statement)
 
 
-def _v3_finish_claim(conn: Connection) -> None:
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(postgres.FINISH_CLAIM_DDL)
-
-
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "the oncely_runs ledger", _v1_runs),
     (2, "the oncely_tasks queue (and its NOTIFY trigger on Postgres)", _v2_tasks),
-    (3, "oncely_finish_claim(): an attempt's finish with a kept plan (Postgres)", _v3_finish_claim),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 

@@ -139,20 +139,13 @@ DRIVER_LOCK_AND_CLAIM = """
            set_config('oncely.key', $7::varchar, true) AS claimed_key
 """
 
-# Stamp the end of the slot claimed above and commit, in one message (one round trip). The
-# UPDATE lives in a function (migration 3) because a PL/pgSQL function keeps its statement's
-# plan for the session, where an UPDATE sent as text is parsed and planned every time: 40 µs
-# of server time per attempt here. A failing call (an aborted transaction) stops the message
-# before its COMMIT.
-FINISH_CLAIM_DDL = """
-    CREATE OR REPLACE FUNCTION oncely_finish_claim() RETURNS void AS $$
-    BEGIN
-        UPDATE oncely_runs SET finished_at = clock_timestamp()
-        WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key');
-    END;
-    $$ LANGUAGE plpgsql
-"""
-DRIVER_FINISH_AND_COMMIT = "SELECT oncely_finish_claim(); COMMIT"
+# Stamp the end of the slot claimed above and commit, in one message (one round trip). A
+# failing UPDATE (an aborted transaction) stops the message before its COMMIT.
+DRIVER_FINISH_AND_COMMIT = (
+    "UPDATE oncely_runs SET finished_at = clock_timestamp() "
+    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key'); "
+    "COMMIT"
+)
 DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE job = $1 AND key = $2"
 DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
 
