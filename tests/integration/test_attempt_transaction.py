@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from oncely import Oncely, RunStatus, SchemaMissingError, every
+from oncely import JobTransactionError, Oncely, RunStatus, SchemaMissingError, every
 from oncely.store import normalize_url
 
 SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -140,6 +140,30 @@ async def test_a_cancelled_attempt_lands_nothing_and_frees_its_connection(app: O
     assert (await asyncio.wait_for(app.run("lands", now=SLOT), 10)).status is RunStatus.RAN
     assert await members(app) == ["kept"]
     assert [c.job for c in await app.history()] == ["lands"]  # the cancelled slot is free
+
+
+async def test_a_session_kept_past_its_attempt_is_refused(app: Oncely) -> None:
+    """A job that hands its session to something that outlives it (a task it started):
+    the connection moves on to other attempts, so the session must not reach it."""
+    kept: list[object] = []
+
+    @app.job(every(seconds=1), name="keeps")
+    async def keeps(db, now) -> None:  # type: ignore[no-untyped-def]
+        kept.append(db)
+
+    @app.job(every(seconds=1), name="keeps_sync")
+    def keeps_sync(db, now) -> None:  # type: ignore[no-untyped-def]
+        kept.append(db)
+
+    assert (await app.run("keeps", now=SLOT)).status is RunStatus.RAN
+    assert (await app.run("keeps_sync", now=SLOT)).status is RunStatus.RAN
+    stale, stale_sync = kept
+    with pytest.raises(JobTransactionError, match="attempt that has ended"):
+        await stale.execute(insert("stray"))  # type: ignore[attr-defined]
+    with pytest.raises(JobTransactionError, match="attempt that has ended"):
+        stale_sync.execute(insert("stray"))  # type: ignore[attr-defined]
+    assert (await app.run("keeps", now=SLOT + timedelta(seconds=1))).status is RunStatus.RAN
+    assert await members(app) == []
 
 
 async def test_orm_changes_and_savepoints_land_with_the_claim(app: Oncely) -> None:

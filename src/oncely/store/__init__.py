@@ -46,6 +46,7 @@ from .session import (
     AttemptSession,
     attempt_driver,
     claimed_here,
+    end,
     hand_back,
     set_attempt_driver,
     violation,
@@ -309,6 +310,7 @@ class Store:
                 hand_back(session.sync_session)
                 with contextlib.suppress(Exception):
                     await session.close()
+                end(session.sync_session)
             return
         conn = await self._held.take(self.dialect.reusable) if self._held is not None else None
         if conn is None:
@@ -327,6 +329,7 @@ class Store:
                 if session.in_transaction():
                     with contextlib.suppress(Exception):
                         await session.close()
+                end(session.sync_session)
                 with contextlib.suppress(Exception):
                     await self.dialect.rollback_attempt(driver)
                     reusable = (

@@ -7,7 +7,10 @@ cleanly is kept for the next attempt on the same event loop, up to `HOLD_AT_MOST
 Before reuse the dialect checks a held connection as the pool would check an idle one (on
 Postgres: a ping after two idle seconds); one that fails, or belongs to another event loop, is
 discarded and the pool supplies a new one. A user's engine is never held from: its
-connections stay in its own pool.
+connections stay in its own pool. An attempt's session refuses any use once its attempt has
+ended (`session.end`), so a job that let its session outlive it cannot reach a connection
+that has moved on; a job that takes the connection itself out of the session
+(`await db.connection()`) and keeps it must not use it after returning either.
 """
 
 from __future__ import annotations

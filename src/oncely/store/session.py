@@ -12,6 +12,7 @@ _OWNER = "oncely.owner_finishing"
 _VIOLATION = "oncely.violation"
 _DRIVER = "oncely.attempt_driver"
 _CLAIMED = "oncely.claimed"
+_ENDED = "oncely.ended"
 
 
 class AttemptSession(Session):
@@ -25,6 +26,16 @@ class AttemptSession(Session):
                 "together with the slot's claim, so a job must not commit, roll back or close "
                 "it (raise an exception to roll back)"
             )
+
+    def get_bind(self, *args: Any, **kwargs: Any) -> Any:
+        if self.info.get(_ENDED):
+            # The job kept its session (a task it started, a closure) past its attempt: the
+            # connection may already run another attempt, so nothing may reach it from here.
+            raise JobTransactionError(
+                "this session belonged to an attempt that has ended; a job may use its "
+                "session only until it returns"
+            )
+        return super().get_bind(*args, **kwargs)
 
     def commit(self) -> None:
         self._guard("commit")
@@ -42,6 +53,11 @@ class AttemptSession(Session):
 def hand_back(session: Session) -> None:
     """Let oncely itself finish the transaction (the job has returned or raised)."""
     session.info[_OWNER] = True
+
+
+def end(session: Session) -> None:
+    """Refuse every later use of an attempt's session (its connection moves on)."""
+    session.info[_ENDED] = True
 
 
 def violation(session: Session) -> Any:
