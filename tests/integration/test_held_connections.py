@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 import warnings
 from datetime import datetime, timedelta, timezone
@@ -120,6 +121,52 @@ def test_a_connection_held_by_a_finished_event_loop_is_not_reused(
         asyncio.run(app.aclose())
     assert len(set(pids)) == 3  # a new connection for each loop
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_loop_in_another_thread_keeps_its_own_held_connection(
+    postgres_database: str,
+) -> None:
+    """Two loops at once (a thread with its own, as oncely.testing runs one when a loop is
+    already running): each reuses its own connection, and neither touches the other's."""
+    _reset_postgres(postgres_database)
+    pids: list[int] = []
+    app = pid_app(postgres_database, pids)
+    await app.migrate()
+    assert (await app.run("pid", now=SLOT)).status is RunStatus.RAN  # the main loop holds one
+    mine = pids[-1]
+    thread_pids: list[int] = []
+    errors: list[BaseException] = []
+    main_ran = threading.Event()
+
+    async def in_thread() -> None:
+        for second in (10, 11):
+            assert (await app.run("pid", now=SLOT + timedelta(seconds=second))).status is (
+                RunStatus.RAN
+            )
+            thread_pids.append(pids[-1])
+            if second == 10:  # hold ours while the main loop runs an attempt
+                await asyncio.get_running_loop().run_in_executor(None, main_ran.wait, 30)
+
+    def thread_main() -> None:
+        try:
+            asyncio.run(in_thread())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=thread_main)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not thread_pids and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert (await app.run("pid", now=SLOT + timedelta(seconds=1))).status is RunStatus.RAN
+        assert pids[-1] == mine  # the main loop's own held connection, not the thread's
+    finally:
+        main_ran.set()
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)
+        await app.aclose()
+    assert errors == []
+    assert len(thread_pids) == 2 and thread_pids[0] == thread_pids[1] != mine
 
 
 async def test_an_app_dropped_without_closing_lets_its_connection_go_quietly(

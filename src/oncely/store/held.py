@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -40,10 +41,16 @@ class _Held:
 
 
 class HeldConnections:
-    """A LIFO of clean attempt connections, each with the event loop it belongs to."""
+    """A LIFO of clean attempt connections, each with the event loop it belongs to.
+
+    An app may run attempts on several loops at once (a thread with a loop of its own, as
+    `oncely.testing` does when a loop is already running): a connection is only ever used,
+    closed or discarded from its own loop, except once that loop is closed.
+    """
 
     def __init__(self, limit: int = HOLD_AT_MOST) -> None:
         self._limit = limit
+        self._lock = threading.Lock()
         self._held: list[_Held] = []
         # An app dropped (or a script ended) without closing it: let go of what is held
         # without I/O, as the pool lets go of the connections it keeps.
@@ -53,12 +60,11 @@ class HeldConnections:
         return len(self._held)
 
     async def take(self, check: Check) -> AsyncConnection | None:
-        """The newest usable held connection, or None: check one out of the pool."""
+        """The newest usable held connection of this loop, or None: check one out."""
         loop = asyncio.get_running_loop()
-        while self._held:
-            held = self._held.pop()
+        while (held := self._pop(loop)) is not None:
             try:
-                usable = held.loop is loop and await check(held.conn, time.monotonic() - held.since)
+                usable = await check(held.conn, time.monotonic() - held.since)
             except BaseException:
                 await _discard(held.conn)
                 raise
@@ -67,24 +73,43 @@ class HeldConnections:
             await _discard(held.conn)
         return None
 
+    def _pop(self, loop: asyncio.AbstractEventLoop) -> _Held | None:
+        """The newest connection of `loop`; those of closed loops are let go on the way."""
+        with self._lock:
+            for i in reversed(range(len(self._held))):
+                held = self._held[i]
+                if held.loop is loop:
+                    del self._held[i]
+                    return held
+                if held.loop.is_closed():
+                    del self._held[i]
+                    _abandon([held])
+        return None
+
     def keep(self, conn: AsyncConnection) -> bool:
         """Hold a connection whose attempt ended cleanly; False if enough are held already."""
-        if len(self._held) >= self._limit:
-            return False
-        self._held.append(_Held(conn, asyncio.get_running_loop(), time.monotonic()))
+        with self._lock:
+            if len(self._held) >= self._limit:
+                return False
+            self._held.append(_Held(conn, asyncio.get_running_loop(), time.monotonic()))
         return True
 
     async def close(self) -> None:
-        """Give every held connection back (a connection of another loop is discarded)."""
+        """Give every held connection back, each on its own loop (one of a closed loop is let
+        go of; one of a loop running in another thread is closed there, without waiting)."""
         loop = asyncio.get_running_loop()
-        held = list(self._held)
-        self._held.clear()
+        with self._lock:
+            held = list(self._held)
+            self._held.clear()
         for one in held:
             if one.loop is loop:
                 with contextlib.suppress(Exception):
                     await one.conn.close()
+            elif one.loop.is_closed():
+                _abandon([one])
             else:
-                await _discard(one.conn)
+                with contextlib.suppress(RuntimeError):
+                    asyncio.run_coroutine_threadsafe(one.conn.close(), one.loop)
 
 
 def _terminate(conn: AsyncConnection) -> None:
