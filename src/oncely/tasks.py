@@ -165,7 +165,7 @@ class Task:
 
     async def enqueue(
         self,
-        db: AsyncSession,
+        db: AsyncSession | Any,
         *,
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
@@ -173,6 +173,10 @@ class Task:
         **kwargs: Any,
     ) -> TaskRecord:
         """Queue one run in `db`'s transaction: it exists iff that transaction commits.
+
+        `db` is an AsyncSession, or a bare asyncpg connection (one prepared INSERT, nothing
+        of SQLAlchemy in between; inside `async with conn.transaction():` it commits with
+        your work, outside one it commits by itself).
 
         With an `idempotency_key` this task already has (in any state), nothing is inserted
         and the existing task comes back with `duplicate=True`.
@@ -183,10 +187,11 @@ class Task:
         return rec
 
     async def enqueue_many(
-        self, db: AsyncSession, items: Sequence[Mapping[str, Any]]
+        self, db: AsyncSession | Any, items: Sequence[Mapping[str, Any]]
     ) -> list[TaskRecord]:
         """Queue many runs with one INSERT; each item is the kwargs of one run, plus optional
-        `idempotency_key`, `run_at` or `delay`. The records come back in the items' order."""
+        `idempotency_key`, `run_at` or `delay`. The records come back in the items' order.
+        `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
         entries = self._entries(items)
         if not entries:
             return []

@@ -9,7 +9,8 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 import asyncpg
 import sqlalchemy as sa
@@ -444,3 +445,90 @@ ENQUEUE = (
         created_at=UTCDateTime(),
     )
 )
+
+
+# -- enqueue on a caller's asyncpg connection -----------------------------------------------
+# The rows ENQUEUE inserts, from one prepared statement on the driver: no SQLAlchemy between an
+# application that speaks asyncpg and its INSERT. One task: VALUES; many: the arrays unnested.
+
+DRIVER_ENQUEUE_ONE = """
+    INSERT INTO oncely_tasks
+        (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+    VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
+            coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
+            clock_timestamp(), $4::varchar)
+    ON CONFLICT (task, idempotency_key) DO NOTHING
+    RETURNING id, task, idempotency_key, run_at, created_at
+"""
+
+DRIVER_ENQUEUE_MANY = """
+    INSERT INTO oncely_tasks
+        (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+    SELECT u.task, u.queue, CAST(u.args AS jsonb), 'available', 0,
+           coalesce(u.run_at, clock_timestamp() + make_interval(secs => u.delay)),
+           clock_timestamp(), u.key
+    FROM unnest($1::varchar[], $2::varchar[], $3::text[], $4::varchar[], $5::timestamptz[],
+                $6::float8[]) WITH ORDINALITY AS u(task, queue, args, key, run_at, delay, ord)
+    ORDER BY u.ord
+    ON CONFLICT (task, idempotency_key) DO NOTHING
+    RETURNING id, task, idempotency_key, run_at, created_at
+"""
+
+# The retained tasks of one task name with these idempotency keys (the duplicates' records).
+DRIVER_TASKS_BY_KEYS = """
+    SELECT id, task, queue, args::text AS args, state, attempt, run_at, created_at,
+           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error
+    FROM oncely_tasks WHERE task = $1::varchar AND idempotency_key = any($2::varchar[])
+"""
+
+
+def _driver_rows(records: list[Any]) -> list[Any]:
+    rows = [SimpleNamespace(**dict(r)) for r in records]
+    for row in rows:
+        if isinstance(getattr(row, "args", None), str):
+            row.args = json.loads(row.args)
+    return rows
+
+
+async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any]:
+    """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on an asyncpg connection, in
+    its open transaction if it is in one (else the INSERT commits by itself); the new rows."""
+    try:
+        if len(params) == 1:
+            p = params[0]
+            record = await conn.fetchrow(
+                DRIVER_ENQUEUE_ONE,
+                p["p_task"],
+                p["p_queue"],
+                json.dumps(p["p_args"]),
+                p["p_key"],
+                p["p_run_at"],
+                p["p_delay"],
+            )
+            return _driver_rows([record] if record is not None else [])
+        records = await conn.fetch(
+            DRIVER_ENQUEUE_MANY,
+            [p["p_task"] for p in params],
+            [p["p_queue"] for p in params],
+            [json.dumps(p["p_args"]) for p in params],
+            [p["p_key"] for p in params],
+            [p["p_run_at"] for p in params],
+            [p["p_delay"] for p in params],
+        )
+        return _driver_rows(records)
+    except asyncpg.PostgresError as exc:
+        _raise_enqueue_error(exc)
+
+
+async def tasks_by_keys_on_driver(conn: Any, task: str, keys: list[str]) -> list[Any]:
+    """The retained rows of `task` with these idempotency keys, on an asyncpg connection."""
+    try:
+        return _driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, task, keys))
+    except asyncpg.PostgresError as exc:
+        _raise_enqueue_error(exc)
+
+
+def _raise_enqueue_error(exc: asyncpg.PostgresError) -> NoReturn:
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        raise SchemaMissingError(MISSING_TABLES) from exc
+    raise DatabaseError(f"enqueueing failed: {exc}") from exc

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from .. import clock, hooks
 from ..model import TaskRecord, TaskState
-from . import tables, tasks_sql
+from . import postgres, tables, tasks_sql
 from .claims import _raise_translated
 from .dialect import Dialect
 from .session import AttemptSession, hand_back
@@ -159,12 +159,18 @@ def _bound(session: Session) -> Any:
         return None
 
 
-async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+async def enqueue(
+    session: AsyncSession | Any, entries: Sequence[dict[str, Any]]
+) -> list[TaskRecord]:
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
     Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
+    `session` is an AsyncSession or a bare asyncpg connection.
     """
     from . import dialect_for
+
+    if postgres.is_driver_connection(session):
+        return await _enqueue_on_driver(session, entries)
 
     bind = _bound(session.sync_session) or await session.connection()
     dialect = dialect_for(bind.dialect.name)
@@ -183,6 +189,18 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
             existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
     except DBAPIError as exc:
         _raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
+async def _enqueue_on_driver(conn: Any, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+    from . import dialect_for
+
+    inserted: list[Any] = []
+    for chunk in _chunks(_params(dialect_for("postgresql"), entries)):
+        inserted += await postgres.enqueue_on_driver(conn, chunk)
+    existing: list[Any] = []
+    for task, keys in _missing(entries, inserted).items():
+        existing += await postgres.tasks_by_keys_on_driver(conn, task, keys)
     return _merge(entries, inserted, existing)
 
 
