@@ -425,7 +425,7 @@ ENQUEUE = (
         FROM unnest(:tasks, :queues, :args, :keys, :run_ats, :delays)
              WITH ORDINALITY AS u(task, queue, args, key, run_at, delay, ord)
         ORDER BY u.ord
-        ON CONFLICT (task, idempotency_key) DO NOTHING
+        ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, task, idempotency_key, run_at, created_at
         """
     )
@@ -457,7 +457,7 @@ DRIVER_ENQUEUE_ONE = """
     VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
             coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
             clock_timestamp(), $4::varchar)
-    ON CONFLICT (task, idempotency_key) DO NOTHING
+    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, run_at, created_at
 """
 
@@ -470,7 +470,7 @@ DRIVER_ENQUEUE_MANY = """
     FROM unnest($1::varchar[], $2::varchar[], $3::text[], $4::varchar[], $5::timestamptz[],
                 $6::float8[]) WITH ORDINALITY AS u(task, queue, args, key, run_at, delay, ord)
     ORDER BY u.ord
-    ON CONFLICT (task, idempotency_key) DO NOTHING
+    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, run_at, created_at
 """
 
