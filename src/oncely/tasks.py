@@ -31,6 +31,13 @@ TaskFunc = Callable[..., Awaitable[Any] | Any]
 RESERVED = ("idempotency_key", "run_at", "delay")
 """Keyword names `enqueue` keeps for itself; a task function may not take them."""
 
+_RESERVED = frozenset(RESERVED)
+
+
+def _without_reserved(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in _RESERVED}
+
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
@@ -152,7 +159,7 @@ class Task:
         for item in items:
             if type(item) is not dict and not isinstance(item, Mapping):
                 raise PayloadError(f"task {self.name!r}: enqueue_many takes dicts, got {item!r}")
-            kwargs = {k: v for k, v in item.items() if k not in RESERVED}
+            kwargs = item if _RESERVED.isdisjoint(item) else _without_reserved(item)
             entries.append(
                 self.entry(
                     kwargs,

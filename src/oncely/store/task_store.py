@@ -100,18 +100,28 @@ def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield rows[start : start + _CHUNK]
 
 
+_FRESH = {f.name: f.default for f in dataclasses.fields(TaskRecord)} | {
+    "state": TaskState.AVAILABLE,
+    "attempt": 0,
+}
+
+
 def _fresh(row: Any, entry: dict[str, Any]) -> TaskRecord:
-    return TaskRecord(
+    # A frozen dataclass's __init__ sets its 15 fields with one object.__setattr__ each
+    # (2 us a record, as much as the rest of an enqueue_many per task); a new task's record
+    # gets the same fields in one dict update.
+    rec = object.__new__(TaskRecord)
+    rec.__dict__.update(
+        _FRESH,
         id=row.id,
         task=entry["task"],
         queue=entry["queue"],
         args=entry["args"],
-        state=TaskState.AVAILABLE,
-        attempt=0,
         run_at=row.run_at,
         created_at=row.created_at,
         idempotency_key=entry.get("idempotency_key"),
     )
+    return rec
 
 
 def _merge(
