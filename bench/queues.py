@@ -4,15 +4,17 @@
     python bench/queues.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
 For each system, in a fresh database of its own: enqueue rate (one task per transaction, one
-autocommitted task, and batches), drain throughput of N no-op tasks and of N tasks that insert
-one row, at each concurrency, and enqueue-to-start latency (p50/p99) with the worker idle.
-Concurrency is each system's own knob; pgqueuer is measured in both of its shapes (one manager
-dequeuing N per batch; N managers of batch 10) and the better is kept, and a cell that would
-need more connections than the server has left is n/a. Each measurement is repeated --rounds
-times, systems interleaved, and the best round is kept (the machine is shared; the best round is
-the least disturbed). oncely's one-row task inserts its row in the task's own transaction, with
-the ack; the peers' tasks insert theirs on a pooled connection, in a transaction separate from
-the job's completion (they have no way to share it).
+autocommitted task, and batches; oncely both on an AsyncSession and on a bare asyncpg
+connection, pgqueuer's own rows being on asyncpg), drain throughput of N no-op tasks and of
+N tasks that insert one row, at each concurrency, and enqueue-to-start latency (p50/p99)
+with the worker idle. Concurrency is each system's own knob; pgqueuer is measured in both of
+its shapes (one manager dequeuing N per batch; N managers of batch 10) and the better is
+kept, and a cell that would need more connections than the server has left is n/a. Each
+measurement is repeated --rounds times, systems interleaved, and the best round is kept (the
+machine is shared; the best round is the least disturbed). oncely's one-row task inserts its
+row in the task's own transaction, with the ack; the peers' tasks insert theirs on a pooled
+connection, in a transaction separate from the job's completion (they have no way to share
+it).
 Never a test: numbers depend on the machine.
 """
 
