@@ -4,15 +4,17 @@
     python bench/queues.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
 For each system, in a fresh database of its own: enqueue rate (one task per transaction, one
-autocommitted task, and batches), drain throughput of N no-op tasks and of N tasks that insert
-one row, at each concurrency, and enqueue-to-start latency (p50/p99) with the worker idle.
-Concurrency is each system's own knob; pgqueuer is measured in both of its shapes (one manager
-dequeuing N per batch; N managers of batch 10) and the better is kept, and a cell that would
-need more connections than the server has left is n/a. Each measurement is repeated --rounds
-times, systems interleaved, and the best round is kept (the machine is shared; the best round is
-the least disturbed). oncely's one-row task inserts its row in the task's own transaction, with
-the ack; the peers' tasks insert theirs on a pooled connection, in a transaction separate from
-the job's completion (they have no way to share it).
+autocommitted task, and batches; oncely both on an AsyncSession and on a bare asyncpg
+connection, pgqueuer's own rows being on asyncpg), drain throughput of N no-op tasks and of
+N tasks that insert one row, at each concurrency, and enqueue-to-start latency (p50/p99)
+with the worker idle. Concurrency is each system's own knob; pgqueuer is measured in both of
+its shapes (one manager dequeuing N per batch; N managers of batch 10) and the better is
+kept, and a cell that would need more connections than the server has left is n/a. Each
+measurement is repeated --rounds times, systems interleaved, and the best round is kept (the
+machine is shared; the best round is the least disturbed). oncely's one-row task inserts its
+row in the task's own transaction, with the ack; the peers' tasks insert theirs on a pooled
+connection, in a transaction separate from the job's completion (they have no way to share
+it).
 Never a test: numbers depend on the machine.
 """
 
@@ -93,6 +95,14 @@ class System:
         await self.enqueue_one(task, n)
 
     async def enqueue_batch(self, task: str, ns: list[int]) -> None: ...
+
+    driver_enqueue = False
+    """Whether the system also enqueues on a bare asyncpg connection apart from its usual
+    way (oncely: an AsyncSession, or an asyncpg connection); pgqueuer's usual way is one."""
+
+    async def enqueue_in_driver(self, task: str, n: int, transaction: bool) -> None: ...
+    async def enqueue_batch_driver(self, task: str, ns: list[int]) -> None: ...
+
     async def drain(self, total: int, concurrency: int, shape: str) -> None: ...
     async def start_idle_worker(self) -> Callable[[], Awaitable[None]]: ...
     async def close(self) -> None: ...
@@ -101,6 +111,12 @@ class System:
 
 
 # -- oncely -------------------------------------------------------------------------------
+
+# Pending tasks, counted on the two partial indexes that hold them (available, running).
+PENDING = (
+    "SELECT (SELECT count(*) FROM oncely_tasks WHERE state = 'available')"
+    " + (SELECT count(*) FROM oncely_tasks WHERE state = 'running')"
+)
 
 
 class Oncely(System):
@@ -131,6 +147,7 @@ class Oncely(System):
         self.tasks = {"noop": noop, "one_row": one_row}
         self.held: Any = None
         self.auto: Any = None
+        self.raw = await asyncpg.connect(dsn)
 
     async def reset(self) -> None:
         for held in (self.held, self.auto):
@@ -161,6 +178,20 @@ class Oncely(System):
         async with self.session(self.app.store.engine) as db, db.begin():
             await self.tasks[task].enqueue_many(db, [{"n": n} for n in ns])
 
+    driver_enqueue = True
+
+    async def enqueue_in_driver(self, task: str, n: int, transaction: bool) -> None:
+        # On a held asyncpg connection, as pgqueuer's driver holds one.
+        if transaction:
+            async with self.raw.transaction():
+                await self.tasks[task].enqueue(self.raw, n=n)
+        else:
+            await self.tasks[task].enqueue(self.raw, n=n)
+
+    async def enqueue_batch_driver(self, task: str, ns: list[int]) -> None:
+        async with self.raw.transaction():
+            await self.tasks[task].enqueue_many(self.raw, [{"n": n} for n in ns])
+
     def shapes(self, concurrency: int) -> list[str]:
         # One connection per lane, plus the listener's and the heartbeat's.
         return [""] if concurrency + 3 <= self.room else []
@@ -170,9 +201,7 @@ class Oncely(System):
 
         stopping = asyncio.Event()
         worker = asyncio.create_task(consume(self.app, stopping, concurrency=concurrency))
-        await wait_empty(
-            self.dsn, "SELECT count(*) FROM oncely_tasks WHERE state IN ('available', 'running')"
-        )
+        await wait_empty(self.dsn, PENDING)
         stopping.set()
         await worker
 
@@ -371,19 +400,25 @@ class PgQueuer(System):
 # -- measurements -------------------------------------------------------------------------
 
 
-async def enqueue_single(system: System, count: int, transaction: bool) -> float:
+async def enqueue_single(
+    system: System, count: int, transaction: bool, driver: bool = False
+) -> float:
     await system.reset()
+    enqueue = system.enqueue_in_driver if driver else system.enqueue_in
     started = time.perf_counter()
     for n in range(count):
-        await system.enqueue_in("noop", n, transaction)
+        await enqueue("noop", n, transaction)
     return count / (time.perf_counter() - started)
 
 
-async def enqueue_batch(system: System, count: int, size: int = 1000) -> float:
+async def enqueue_batch(
+    system: System, count: int, size: int = 1000, driver: bool = False
+) -> float:
     await system.reset()
+    enqueue = system.enqueue_batch_driver if driver else system.enqueue_batch
     started = time.perf_counter()
     for start in range(0, count, size):
-        await system.enqueue_batch("noop", list(range(start, min(count, start + size))))
+        await enqueue("noop", list(range(start, min(count, start + size))))
     return count / (time.perf_counter() - started)
 
 
@@ -469,6 +504,13 @@ async def main() -> None:
             rate = await enqueue_single(system, args.single, transaction=False)
             keep(system, "enqueue single, autocommit /s", rate, max)
             keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
+            if system.driver_enqueue:
+                rate = await enqueue_single(system, args.single, transaction=True, driver=True)
+                keep(system, f"enqueue single, own transaction{ASYNCPG} /s", rate, max)
+                rate = await enqueue_single(system, args.single, transaction=False, driver=True)
+                keep(system, f"enqueue single, autocommit{ASYNCPG} /s", rate, max)
+                rate = await enqueue_batch(system, args.tasks, driver=True)
+                keep(system, f"enqueue batch{ASYNCPG} /s", rate, max)
         for task in ("noop", "one_row") if not args.only_latency else ():
             for concurrency in concurrencies:
                 for system in systems:
@@ -499,17 +541,23 @@ async def connection_room(base: str) -> int:
     return most - used - 5
 
 
+ASYNCPG = ", asyncpg connection"
+"""The suffix of the enqueue rows where oncely enqueues on a bare asyncpg connection."""
+
+
 def print_table(
     results: dict[str, dict[str, float]],
     shapes: dict[tuple[str, str], str],
     args: argparse.Namespace,
 ) -> None:
     names = list(results)
-    order = [
-        "enqueue single, own transaction /s",
-        "enqueue single, autocommit /s",
-        "enqueue batch /s",
-    ]
+    order = []
+    for metric in (
+        "enqueue single, own transaction",
+        "enqueue single, autocommit",
+        "enqueue batch",
+    ):
+        order += [f"{metric} /s", f"{metric}{ASYNCPG} /s"]
     for task in ("noop", "one_row"):
         order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
         order.append(f"drain {task} best /s")
@@ -528,7 +576,9 @@ def print_table(
         cells = [f"{results[n][metric]:,.1f}" if metric in results[n] else "n/a" for n in names]
         row = f"| {metric} | " + " | ".join(cells) + " |"
         if "oncely" in names and "pgqueuer" in names:
-            mine, theirs = results["oncely"].get(metric), results["pgqueuer"].get(metric)
+            # pgqueuer enqueues on asyncpg in every row: its row is the peer of both of ours.
+            peer = metric.replace(ASYNCPG, "")
+            mine, theirs = results["oncely"].get(metric), results["pgqueuer"].get(peer)
             row += f" {mine / theirs:.2f} |" if mine and theirs else " n/a |"
         print(row)
     print("\nThe shape that gave each best drain:")

@@ -31,6 +31,13 @@ TaskFunc = Callable[..., Awaitable[Any] | Any]
 RESERVED = ("idempotency_key", "run_at", "delay")
 """Keyword names `enqueue` keeps for itself; a task function may not take them."""
 
+_RESERVED = frozenset(RESERVED)
+
+
+def _without_reserved(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in _RESERVED}
+
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
@@ -152,7 +159,7 @@ class Task:
         for item in items:
             if type(item) is not dict and not isinstance(item, Mapping):
                 raise PayloadError(f"task {self.name!r}: enqueue_many takes dicts, got {item!r}")
-            kwargs = {k: v for k, v in item.items() if k not in RESERVED}
+            kwargs = item if _RESERVED.isdisjoint(item) else _without_reserved(item)
             entries.append(
                 self.entry(
                     kwargs,
@@ -165,7 +172,7 @@ class Task:
 
     async def enqueue(
         self,
-        db: AsyncSession,
+        db: AsyncSession | Any,
         *,
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
@@ -173,6 +180,10 @@ class Task:
         **kwargs: Any,
     ) -> TaskRecord:
         """Queue one run in `db`'s transaction: it exists iff that transaction commits.
+
+        `db` is an AsyncSession, or a bare asyncpg connection (one prepared INSERT, nothing
+        of SQLAlchemy in between; inside `async with conn.transaction():` it commits with
+        your work, outside one it commits by itself).
 
         With an `idempotency_key` this task already has (in any state), nothing is inserted
         and the existing task comes back with `duplicate=True`.
@@ -183,10 +194,11 @@ class Task:
         return rec
 
     async def enqueue_many(
-        self, db: AsyncSession, items: Sequence[Mapping[str, Any]]
+        self, db: AsyncSession | Any, items: Sequence[Mapping[str, Any]]
     ) -> list[TaskRecord]:
         """Queue many runs with one INSERT; each item is the kwargs of one run, plus optional
-        `idempotency_key`, `run_at` or `delay`. The records come back in the items' order."""
+        `idempotency_key`, `run_at` or `delay`. The records come back in the items' order.
+        `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
         entries = self._entries(items)
         if not entries:
             return []

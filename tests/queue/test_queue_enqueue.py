@@ -209,3 +209,83 @@ async def test_enqueue_on_an_autocommit_session_is_its_own_transaction(pg_app: O
         again = await charge.enqueue(db, order_id=1, idempotency_key="k")
     assert (again.id, again.duplicate, first.duplicate) == (first.id, True, False)
     assert await count(app) == 1
+
+
+@pytest.mark.postgres
+async def test_enqueue_on_an_asyncpg_connection(pg_app: Oncely, recorded) -> None:  # type: ignore[no-untyped-def]
+    """On a bare asyncpg connection: the task exists iff the caller's transaction commits,
+    the records match a session's, known keys insert nothing, bad payloads send nothing."""
+    import asyncpg
+
+    app = pg_app
+    charge = _tasks(app)
+    dsn = app.store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await charge.enqueue(conn, order_id=1)
+        tx = conn.transaction()
+        await tx.start()
+        await charge.enqueue(conn, order_id=2, idempotency_key="k2")
+        await tx.rollback()  # the caller's rollback takes its task with it
+        assert [r.args for r in await list_tasks(app)] == [{"order_id": 1}]
+
+        async with conn.transaction():
+            rec = await charge.enqueue(
+                conn, order_id=3, meta={"a": [1, None]}, idempotency_key="k3"
+            )
+        (stored,) = [r for r in await list_tasks(app) if r.id == rec.id]
+        assert rec == stored
+        assert rec.state is TaskState.AVAILABLE and rec.queue == "default" and rec.attempt == 0
+
+        via_session = await in_tx(
+            app, lambda db: charge.enqueue(db, order_id=4, idempotency_key="k4")
+        )
+        async with conn.transaction():
+            again = await charge.enqueue(conn, order_id=3, idempotency_key="k3")
+            recs = await charge.enqueue_many(
+                conn,
+                [
+                    {"order_id": 4, "idempotency_key": "k4"},
+                    {"order_id": 5},
+                    {"order_id": 6, "idempotency_key": "k6"},
+                    {"order_id": 6, "idempotency_key": "k6"},
+                    {"order_id": 7, "delay": 3600},
+                ],
+            )
+        assert again.duplicate and again.id == rec.id and again.args == rec.args
+        assert [r.args["order_id"] for r in recs] == [4, 5, 6, 6, 7]
+        assert [r.duplicate for r in recs] == [True, False, False, True, False]
+        assert recs[0].id == via_session.id and recs[2].id == recs[3].id
+        assert recs[4].run_at > recs[1].run_at + timedelta(minutes=59)
+        assert len(recorded.named("task.duplicate")) == 3
+        assert await count(app) == 6  # 1, 3, 4, 5, 6, 7
+
+        before = await count(app)
+        with pytest.raises(PayloadError, match="argument 'order_id' is a datetime"):
+            await charge.enqueue(conn, order_id=datetime.now(timezone.utc))
+        assert await count(app) == before and not conn.is_in_transaction()
+        # Outside a transaction the INSERT commits by itself, like an autocommit session.
+        await charge.enqueue(conn, order_id=8)
+        assert await count(app) == before + 1
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+async def test_enqueue_on_an_asyncpg_connection_without_the_schema(
+    postgres_database: str,
+) -> None:
+    import asyncpg
+    from tests.conftest import _reset_postgres
+
+    _reset_postgres(postgres_database)
+    app = Oncely(postgres_database)
+    charge = _tasks(app)
+    conn = await asyncpg.connect(postgres_database.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        with pytest.raises(SchemaMissingError, match="oncely migrate"):
+            await charge.enqueue(conn, order_id=1)
+    finally:
+        await conn.close()
+        await app.aclose()

@@ -365,3 +365,71 @@ async def test_queues_limit_what_a_worker_runs(app: Oncely, concurrency: int) ->
     await in_tx(app, lambda db: other.enqueue(db, n=2))
     await drain(app, lambda: _effects_are(app, [1]), queues=["emails"], concurrency=concurrency)
     assert sorted(s for s, _ in (await states(app)).values()) == ["available", "succeeded"]
+
+
+class _Base(sa.orm.DeclarativeBase):
+    pass
+
+
+class Effect(_Base):
+    __tablename__ = "effects"
+    n: sa.orm.Mapped[int] = sa.orm.mapped_column(primary_key=True)
+    pid: sa.orm.Mapped[int] = sa.orm.mapped_column(default=0)
+
+
+async def test_a_failing_task_rolls_back_only_its_own_work_however_it_wrote(
+    app: Oncely,
+) -> None:
+    """The tasks of a batch share one session; each opens its savepoint before its first
+    statement, whether it goes through the session, the ORM's flush, the connection or the
+    driver itself (after asking the session for the connection)."""
+    postgres = app.store.dialect.name == "postgresql"
+    raw_insert = (
+        "INSERT INTO effects (n) VALUES ($1)"
+        if postgres
+        else ("INSERT INTO effects (n) VALUES (?)")
+    )
+
+    @app.task(retry=RetryPolicy(attempts=1))
+    async def write(db, n: int, how: str, fail: bool):  # type: ignore[no-untyped-def]
+        if how == "session":
+            await db.execute(INSERT, {"n": n})
+        elif how == "orm":
+            db.add(Effect(n=n))
+            await db.flush()
+        elif how == "connection":
+            await (await db.connection()).execute(INSERT, {"n": n})
+        else:
+            driver = (await (await db.connection()).get_raw_connection()).driver_connection
+            await (driver.execute(raw_insert, n) if postgres else driver.execute(raw_insert, (n,)))
+        if fail:
+            raise Transient(f"{how} {n}")
+
+    items = [
+        {"n": i * 10 + j, "how": how, "fail": j == 1}
+        for i, how in enumerate(("session", "orm", "connection", "driver"), start=1)
+        for j in (0, 1, 2)
+    ]
+    await in_tx(app, lambda db: write.enqueue_many(db, items))
+    await drain(app, finished(app, len(items)), concurrency=1, batch=len(items))
+    assert await effects(app) == [10, 12, 20, 22, 30, 32, 40, 42]
+
+
+async def test_the_tasks_of_a_batch_see_none_of_each_others_session_state(
+    app: Oncely,
+) -> None:
+    seen: list[tuple[int, int, bool]] = []
+    kept: list[Effect] = []  # held, so that they stay in an identity map that is not emptied
+
+    @app.task
+    async def leave(db, n: int):  # type: ignore[no-untyped-def]
+        seen.append((n, len(list(db)), "mine" in db.info))
+        kept.append(Effect(n=n))
+        db.add(kept[-1])
+        await db.flush()
+        db.info["mine"] = n
+
+    await in_tx(app, lambda db: leave.enqueue_many(db, [{"n": n} for n in range(5)]))
+    await drain(app, finished(app, 5), concurrency=1, batch=5)
+    assert seen == [(n, 0, False) for n in range(5)]
+    assert await effects(app) == list(range(5))

@@ -40,7 +40,7 @@ from ..model import Claim
 from . import sql, tasks_sql
 from .dialect import ClaimOutcome, Dialect
 from .held import HeldConnections
-from .migrations import LATEST, MIGRATIONS
+from .migrations import LATEST, MIGRATIONS, REQUIRED
 from .postgres import PostgresDialect
 from .session import (
     AttemptSession,
@@ -278,7 +278,8 @@ class Store:
         return int(value) if value is not None else None
 
     async def ensure_schema(self) -> None:
-        """Raise SchemaMissingError unless the database is at this version (checked once)."""
+        """Raise SchemaMissingError unless the database is at a version this oncely runs on
+        (`migrations.REQUIRED` or later; checked once)."""
         if self._schema_checked:
             return
         version = await self.schema_version()
@@ -286,7 +287,7 @@ class Store:
             raise SchemaMissingError(
                 f"oncely's tables are missing in {self.display_url}: run `oncely migrate`"
             )
-        if version < LATEST:
+        if version < REQUIRED:
             raise SchemaMissingError(
                 f"oncely's tables in {self.display_url} are at version {version}, this oncely "
                 f"needs {LATEST}: run `oncely migrate`"

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.dml import Insert
 
@@ -180,6 +180,11 @@ class Dialect(abc.ABC):
         Yields whether notifications work; without them workers rely on polling alone.
         """
         return contextlib.nullcontext(False)
+
+    def savepoint_sql(self, connection: Connection, statement: str) -> None:
+        """Send a SAVEPOINT / ROLLBACK TO SAVEPOINT `statement` in the connection's open
+        transaction, from synchronous code (a session event): a task's savepoint."""
+        connection.exec_driver_sql(statement)
 
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a driver error means another transaction holds the lock we asked for."""

@@ -22,12 +22,31 @@ def _v2_tasks(conn: Connection) -> None:
             conn.exec_driver_sql(statement)
 
 
+def _v3_lean_indexes(conn: Connection) -> None:
+    # The key index covers keyed tasks only, the state index finished tasks only: a task
+    # without a key writes 7 index entries over its life (insert, lease, ack) instead of 12.
+    # The new indexes are built before the old ones go, in the migration's one transaction,
+    # so the key stays unique throughout. Building them locks out writes to oncely_tasks for
+    # as long as it takes (seconds per million rows).
+    for index in tasks.indexes:
+        if index.name in ("oncely_tasks_key", "oncely_tasks_finished"):
+            index.create(conn, checkfirst=True)
+    conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_idempotency")
+    conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_state")
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "the oncely_runs ledger", _v1_runs),
     (2, "the oncely_tasks queue (and its NOTIFY trigger on Postgres)", _v2_tasks),
+    (3, "oncely_tasks: partial indexes for keyed and finished tasks", _v3_lean_indexes),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
 LATEST = MIGRATIONS[-1][0]
+
+REQUIRED = 2
+"""The oldest schema this oncely runs on. v3 changes only indexes, and this oncely's
+statements work with v2's as well: upgrade every process first, then `oncely migrate` (an
+older oncely cannot enqueue on v3, whose key index its conflict target does not name)."""

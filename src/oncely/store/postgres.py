@@ -9,13 +9,16 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NamedTuple, NoReturn
 
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.util import await_only
 
 from ..errors import BadInputError, DatabaseError, SchemaMissingError
 from . import sql
@@ -331,14 +334,7 @@ class PostgresDialect(Dialect):
         )
 
     def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
-        return ENQUEUE, {
-            "tasks": [p["p_task"] for p in params],
-            "queues": [p["p_queue"] for p in params],
-            "args": [json.dumps(p["p_args"]) for p in params],
-            "keys": [p["p_key"] for p in params],
-            "run_ats": [p["p_run_at"] for p in params],
-            "delays": [p["p_delay"] for p in params],
-        }
+        return ENQUEUE, enqueue_many_params(params)
 
     def after(self, seconds: float) -> Any:
         return sa.func.clock_timestamp() + sa.func.make_interval(
@@ -349,6 +345,16 @@ class PostgresDialect(Dialect):
         self, engine: AsyncEngine, on_notify: Callable[[], None]
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         return _listen(engine, on_notify)
+
+    def savepoint_sql(self, connection: Connection, statement: str) -> None:
+        # On asyncpg, once SQLAlchemy has begun the transaction (the batch's first savepoint
+        # begins it), straight to the driver: a third of the CPU of exec_driver_sql, and a
+        # worker running tasks that write is CPU-bound on it (one per task).
+        driver = getattr(connection.connection, "driver_connection", None)
+        if isinstance(driver, asyncpg.Connection) and driver.is_in_transaction():
+            await_only(driver.execute(statement))
+        else:
+            connection.exec_driver_sql(statement)
 
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
@@ -416,36 +422,149 @@ async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIt
             await conn.close()
 
 
-# Enqueue any number of tasks in one round trip: one array per column, unnested in input order
-# (ids follow it), existing (task, idempotency_key) pairs skipped.
-ENQUEUE = (
-    sa.text(
-        """
-        INSERT INTO oncely_tasks
-            (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
-        SELECT u.task, u.queue, CAST(u.args AS jsonb), 'available', 0,
-               coalesce(u.run_at, clock_timestamp() + make_interval(secs => u.delay)),
-               clock_timestamp(), u.key
-        FROM unnest(:tasks, :queues, :args, :keys, :run_ats, :delays)
-             WITH ORDINALITY AS u(task, queue, args, key, run_at, delay, ord)
-        ORDER BY u.ord
-        ON CONFLICT (task, idempotency_key) DO NOTHING
-        RETURNING id, task, idempotency_key, run_at, created_at
-        """
-    )
-    .bindparams(
-        sa.bindparam("tasks", type_=postgresql.ARRAY(sa.String())),
-        sa.bindparam("queues", type_=postgresql.ARRAY(sa.String())),
-        sa.bindparam("args", type_=postgresql.ARRAY(sa.Text())),
-        sa.bindparam("keys", type_=postgresql.ARRAY(sa.String())),
-        sa.bindparam("run_ats", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
-        sa.bindparam("delays", type_=postgresql.ARRAY(sa.Float())),
-    )
-    .columns(
-        id=sa.BigInteger(),
-        task=sa.String(),
-        idempotency_key=sa.String(),
-        run_at=UTCDateTime(),
-        created_at=UTCDateTime(),
-    )
+# Enqueue any number of tasks in one round trip: the arguments as one JSON array, the other
+# columns as arrays beside it (NULL when the same for all: the task and queue then come as
+# one value; keys, times and delays as none), in input order (ids follow it); existing
+# (task, idempotency_key) pairs skipped. One JSON document and few arrays keep the encoding
+# of a thousand tasks to a few microseconds each on both sides.
+_ENQUEUE_MANY = """
+    INSERT INTO oncely_tasks
+        (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+    SELECT coalesce(u.task, {task}), coalesce(u.queue, {queue}), u.args, 'available', 0,
+           coalesce(u.run_at, clock_timestamp() + make_interval(secs => coalesce(u.delay, 0))),
+           clock_timestamp(), u.key
+    FROM ROWS FROM (jsonb_array_elements({args}), unnest({tasks}), unnest({queues}),
+                    unnest({keys}), unnest({run_ats}), unnest({delays}))
+         WITH ORDINALITY AS u(args, task, queue, key, run_at, delay, ord)
+    ORDER BY u.ord
+    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, task, idempotency_key, run_at, created_at
+"""
+_ENQUEUE_TYPES = {
+    "args": "jsonb",
+    "task": "varchar",
+    "queue": "varchar",
+    "tasks": "varchar[]",
+    "queues": "varchar[]",
+    "keys": "varchar[]",
+    "run_ats": "timestamptz[]",
+    "delays": "float8[]",
+}
+_ENQUEUE_ORDER = ("args", "task", "queue", "tasks", "queues", "keys", "run_ats", "delays")
+
+ENQUEUE = sa.text(
+    _ENQUEUE_MANY.format(**{k: f"CAST(:{k} AS {t})" for k, t in _ENQUEUE_TYPES.items()})
+).columns(
+    id=sa.BigInteger(),
+    task=sa.String(),
+    idempotency_key=sa.String(),
+    run_at=UTCDateTime(),
+    created_at=UTCDateTime(),
 )
+
+# The same, for an asyncpg connection: positional parameters in _ENQUEUE_ORDER.
+DRIVER_ENQUEUE_MANY = _ENQUEUE_MANY.format(
+    **{k: f"${_ENQUEUE_ORDER.index(k) + 1}::{t}" for k, t in _ENQUEUE_TYPES.items()}
+)
+
+
+def _same(values: list[Any]) -> bool:
+    first = values[0]
+    return all(v == first for v in values)
+
+
+def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
+    """ENQUEUE's parameters for these parameter sets (those of `tasks_sql.enqueue`)."""
+    tasks = [p["p_task"] for p in params]
+    queues = [p["p_queue"] for p in params]
+    keys = [p["p_key"] for p in params]
+    run_ats = [p["p_run_at"] for p in params]
+    delays = [p["p_delay"] for p in params]
+    one_task, one_queue = _same(tasks), _same(queues)
+    return {
+        "args": json.dumps([p["p_args"] for p in params]),
+        "task": tasks[0] if one_task else None,
+        "queue": queues[0] if one_queue else None,
+        "tasks": None if one_task else tasks,
+        "queues": None if one_queue else queues,
+        "keys": keys if any(k is not None for k in keys) else None,
+        "run_ats": run_ats if any(r is not None for r in run_ats) else None,
+        "delays": delays if any(delays) else None,
+    }
+
+
+# -- enqueue on a caller's asyncpg connection -----------------------------------------------
+# The rows ENQUEUE inserts, from one prepared statement on the driver: no SQLAlchemy between an
+# application that speaks asyncpg and its INSERT. One task: VALUES; many: DRIVER_ENQUEUE_MANY.
+
+DRIVER_ENQUEUE_ONE = """
+    INSERT INTO oncely_tasks
+        (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+    VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
+            coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
+            clock_timestamp(), $4::varchar)
+    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, task, idempotency_key, run_at, created_at
+"""
+
+# The retained tasks of one task name with these idempotency keys (the duplicates' records).
+DRIVER_TASKS_BY_KEYS = """
+    SELECT id, task, queue, args::text AS args, state, attempt, run_at, created_at,
+           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error
+    FROM oncely_tasks WHERE task = $1::varchar AND idempotency_key = any($2::varchar[])
+"""
+
+
+class Enqueued(NamedTuple):
+    """What an enqueue on the driver reads back of a new row (RETURNING's columns, in order)."""
+
+    id: int
+    task: str
+    idempotency_key: str | None
+    run_at: datetime
+    created_at: datetime
+
+
+def _driver_rows(records: list[Any]) -> list[Any]:
+    rows = [SimpleNamespace(**dict(r)) for r in records]
+    for row in rows:
+        if isinstance(getattr(row, "args", None), str):
+            row.args = json.loads(row.args)
+    return rows
+
+
+async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any]:
+    """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on an asyncpg connection, in
+    its open transaction if it is in one (else the INSERT commits by itself); the new rows."""
+    try:
+        if len(params) == 1:
+            p = params[0]
+            record = await conn.fetchrow(
+                DRIVER_ENQUEUE_ONE,
+                p["p_task"],
+                p["p_queue"],
+                json.dumps(p["p_args"]),
+                p["p_key"],
+                p["p_run_at"],
+                p["p_delay"],
+            )
+            return [Enqueued._make(record)] if record is not None else []
+        many = enqueue_many_params(params)
+        records = await conn.fetch(DRIVER_ENQUEUE_MANY, *(many[k] for k in _ENQUEUE_ORDER))
+        return [Enqueued._make(r) for r in records]
+    except asyncpg.PostgresError as exc:
+        _raise_enqueue_error(exc)
+
+
+async def tasks_by_keys_on_driver(conn: Any, task: str, keys: list[str]) -> list[Any]:
+    """The retained rows of `task` with these idempotency keys, on an asyncpg connection."""
+    try:
+        return _driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, task, keys))
+    except asyncpg.PostgresError as exc:
+        _raise_enqueue_error(exc)
+
+
+def _raise_enqueue_error(exc: asyncpg.PostgresError) -> NoReturn:
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        raise SchemaMissingError(MISSING_TABLES) from exc
+    raise DatabaseError(f"enqueueing failed: {exc}") from exc

@@ -82,8 +82,18 @@ tasks = sa.Table(
     sa.Column("error", sa.Text, nullable=True),
     comment="One row per queued task; its state changes commit with the task's own work.",
 )
-# An idempotency key is unique per task among all retained rows, whatever their state.
-sa.Index("oncely_tasks_idempotency", tasks.c.task, tasks.c.idempotency_key, unique=True)
+# An idempotency key is unique per task among all retained rows, whatever their state. Tasks
+# without a key have no entry (schema v3): most tasks add nothing here when enqueued, leased
+# or acked. Conflict targets name the predicate (`tasks_sql.KEYED`) to infer this index.
+_KEYED = tasks.c.idempotency_key.is_not(None)
+sa.Index(
+    "oncely_tasks_key",
+    tasks.c.task,
+    tasks.c.idempotency_key,
+    unique=True,
+    postgresql_where=_KEYED,
+    sqlite_where=_KEYED,
+)
 # What a worker fetches: due, available tasks (of its queues), oldest first.
 sa.Index(
     "oncely_tasks_due",
@@ -107,4 +117,13 @@ sa.Index(
     postgresql_where=tasks.c.state == "running",
     sqlite_where=tasks.c.state == "running",
 )
-sa.Index("oncely_tasks_state", tasks.c.state, tasks.c.finished_at)
+# Finished tasks by state and end (what prune deletes, what the operator lists), finished ones
+# only (schema v3): a task gets its entry once, when it ends, not at each state change.
+_FINISHED = tasks.c.state.in_(["succeeded", "discarded", "dead"])
+sa.Index(
+    "oncely_tasks_finished",
+    tasks.c.state,
+    tasks.c.finished_at,
+    postgresql_where=_FINISHED,
+    sqlite_where=_FINISHED,
+)

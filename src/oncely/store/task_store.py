@@ -1,7 +1,8 @@
 """The task queue's side of the store: enqueue in the caller's transaction, leases, batches.
 
 A worker runs a batch of leased tasks in one transaction, each task in a savepoint of its own
-(opened by its first statement: a task that touches no table costs no round trip). A task that
+(opened just before its first statement: a task that touches no table costs no round trip),
+the tasks sharing one session that is emptied between them. A task that
 raises rolls back to its savepoint and its retry (or end) is recorded in the same transaction.
 At the end, one compare-and-set on (id, lease_token) marks every task that returned succeeded;
 the commit lands each task's work together with its ack: one effect per task. The worker rolls
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from .. import clock, hooks
 from ..model import TaskRecord, TaskState
-from . import tables, tasks_sql
+from . import postgres, tables, tasks_sql
 from .claims import _raise_translated
 from .dialect import Dialect
 from .session import AttemptSession, hand_back
@@ -99,18 +100,28 @@ def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield rows[start : start + _CHUNK]
 
 
+_FRESH = {f.name: f.default for f in dataclasses.fields(TaskRecord)} | {
+    "state": TaskState.AVAILABLE,
+    "attempt": 0,
+}
+
+
 def _fresh(row: Any, entry: dict[str, Any]) -> TaskRecord:
-    return TaskRecord(
+    # A frozen dataclass's __init__ sets its 15 fields with one object.__setattr__ each
+    # (2 us a record, as much as the rest of an enqueue_many per task); a new task's record
+    # gets the same fields in one dict update.
+    rec = object.__new__(TaskRecord)
+    rec.__dict__.update(
+        _FRESH,
         id=row.id,
         task=entry["task"],
         queue=entry["queue"],
         args=entry["args"],
-        state=TaskState.AVAILABLE,
-        attempt=0,
         run_at=row.run_at,
         created_at=row.created_at,
         idempotency_key=entry.get("idempotency_key"),
     )
+    return rec
 
 
 def _merge(
@@ -158,12 +169,18 @@ def _bound(session: Session) -> Any:
         return None
 
 
-async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+async def enqueue(
+    session: AsyncSession | Any, entries: Sequence[dict[str, Any]]
+) -> list[TaskRecord]:
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
     Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
+    `session` is an AsyncSession or a bare asyncpg connection.
     """
     from . import dialect_for
+
+    if postgres.is_driver_connection(session):
+        return await _enqueue_on_driver(session, entries)
 
     bind = _bound(session.sync_session) or await session.connection()
     dialect = dialect_for(bind.dialect.name)
@@ -182,6 +199,18 @@ async def enqueue(session: AsyncSession, entries: Sequence[dict[str, Any]]) -> l
             existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
     except DBAPIError as exc:
         _raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
+async def _enqueue_on_driver(conn: Any, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
+    from . import dialect_for
+
+    inserted: list[Any] = []
+    for chunk in _chunks(_params(dialect_for("postgresql"), entries)):
+        inserted += await postgres.enqueue_on_driver(conn, chunk)
+    existing: list[Any] = []
+    for task, keys in _missing(entries, inserted).items():
+        existing += await postgres.tasks_by_keys_on_driver(conn, task, keys)
     return _merge(entries, inserted, existing)
 
 
@@ -209,20 +238,38 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
 
 
 SAVEPOINT = "oncely_task"
-_TOUCHED = "oncely.touched"
+_BATCH = "oncely.batch"
 
 
 class TaskSession(AttemptSession):
-    """A task's session inside a batch: its first statement opens the task's savepoint."""
+    """The tasks' session inside a batch: each task's first statement opens its savepoint."""
+
+    def connection(
+        self,
+        bind_arguments: Any = None,
+        execution_options: Any = None,
+    ) -> Connection:
+        # A task that takes the connection may run statements on the driver itself, which no
+        # event sees: its savepoint opens now.
+        conn = super().connection(bind_arguments, execution_options)
+        batch = self.info.get(_BATCH)
+        if batch is not None:
+            batch.open_savepoint(conn)
+        return conn
 
 
 @event.listens_for(TaskSession, "after_begin")
-def _open_savepoint(session: Session, _transaction: Any, connection: Connection) -> None:
-    # Lazily, so a task that never touches the database costs no round trip. The name is
-    # constant (one prepared statement); savepoints are not released, so they nest, and
-    # ROLLBACK TO reaches the newest one: the failing task's own.
-    connection.exec_driver_sql(f"SAVEPOINT {SAVEPOINT}")
-    session.info[_TOUCHED] = True
+def _on_begin(session: Session, _transaction: Any, connection: Connection) -> None:
+    batch = session.info.get(_BATCH)
+    if batch is not None:
+        batch.open_savepoint(connection)
+
+
+def _reusable(sync: Session) -> bool:
+    """Whether a session a task returned from can serve the next task as it is."""
+    if not sync.in_transaction():
+        return True
+    return sync.is_active and not sync.in_nested_transaction()
 
 
 def _by_token(leased: Sequence[Leased]) -> dict[str, list[int]]:
@@ -233,7 +280,15 @@ def _by_token(leased: Sequence[Leased]) -> dict[str, list[int]]:
 
 
 class Batch:
-    """One transaction running several leased tasks, each in a savepoint of its own."""
+    """One transaction running several leased tasks, each in a savepoint of its own.
+
+    The tasks share one session, which stays in the transaction from task to task (it is
+    emptied after each, and replaced after a task that failed). A task's savepoint opens
+    lazily, just before its first statement (a task that touches no table costs no round
+    trip): whichever comes first of the session beginning, a statement on the connection, or
+    the task asking for the connection. The name is constant; savepoints are not released,
+    so they nest, and ROLLBACK TO reaches the newest one: the failing task's own.
+    """
 
     def __init__(self, conn: AsyncConnection, tasks: TaskStore) -> None:
         self.conn = conn
@@ -241,21 +296,41 @@ class Batch:
         self.dialect = tasks.dialect
         self.acked: list[Leased] = []
         """The tasks this batch acked: they succeed iff the batch commits."""
-        self._spare: AsyncSession | None = None
+        self._session: AsyncSession | None = None
+        self._pending = False
+        """The running task has not opened its savepoint yet."""
+        self._touched = False
+        """The running task has opened its savepoint (it wrote, or tried to)."""
+        self._failed = False
+        """The running task failed: its session is replaced, not reused."""
         self.savepoints = 0
-        """How many tasks of this batch opened a savepoint (wrote, or tried to)."""
+        """How many tasks of this batch opened a savepoint."""
+        event.listen(conn.sync_connection, "before_cursor_execute", self._before_statement)
+
+    def _before_statement(self, connection: Connection, *_args: Any) -> None:
+        if self._pending:
+            self.open_savepoint(connection)
+
+    def open_savepoint(self, connection: Connection) -> None:
+        """Open the running task's savepoint, unless it has one already."""
+        if self._pending:
+            self._pending = False  # first: the statement below passes _before_statement
+            self.dialect.savepoint_sql(connection, f"SAVEPOINT {SAVEPOINT}")
+            self._touched = True
 
     def session(self) -> AsyncSession:
-        """A session for one task; it never commits or rolls back the batch's transaction."""
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            return spare
-        return AsyncSession(
-            bind=self.conn,
-            join_transaction_mode="rollback_only",
-            sync_session_class=TaskSession,
-            expire_on_commit=False,
-        )
+        """The session for the next task; it never commits or rolls back the batch's
+        transaction, and its first statement opens the task's savepoint."""
+        self._pending, self._touched = True, False
+        if self._session is None:
+            self._session = AsyncSession(
+                bind=self.conn,
+                join_transaction_mode="rollback_only",
+                sync_session_class=TaskSession,
+                expire_on_commit=False,
+            )
+            self._session.sync_session.info[_BATCH] = self
+        return self._session
 
     async def finish(self, session: AsyncSession) -> None:
         """Flush what the task left pending (in its savepoint): its work is then all in SQL."""
@@ -264,27 +339,42 @@ class Batch:
             await session.flush()
 
     async def close(self, session: AsyncSession) -> None:
-        """Done with a task's session: an untouched one serves the next task of the batch."""
-        sync = session.sync_session
-        if self.touched(session):
+        """Done with a task: the session is emptied for the next one (replaced if the task
+        failed or left it in a state of its own)."""
+        self._pending = False
+        if self._touched:
             self.savepoints += 1
-        elif self._spare is None and not (sync.info or sync.identity_map or sync.in_transaction()):
-            self._spare = session
+        sync = session.sync_session
+        if session is self._session and not self._failed and _reusable(sync):
+            sync.expunge_all()
+            if len(sync.info) > 1:
+                sync.info.clear()
+                sync.info[_BATCH] = self
             return
-        hand_back(sync)
-        await session.close()
-        if self._spare is None:  # closed, it is as good as new for the next task
-            sync.info.clear()
-            self._spare = session
+        self._failed = False
+        await self._drop()
 
-    @staticmethod
-    def touched(session: AsyncSession) -> bool:
-        """Whether the task's session ran a statement (and so opened its savepoint)."""
-        return bool(session.sync_session.info.get(_TOUCHED))
+    async def _drop(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.sync_session.info.pop(_BATCH, None)
+            hand_back(session.sync_session)
+            await session.close()
+
+    async def end(self) -> None:
+        """Close the tasks' session before the transaction ends."""
+        event.remove(self.conn.sync_connection, "before_cursor_execute", self._before_statement)
+        await self._drop()
+
+    def touched(self, session: AsyncSession) -> bool:
+        """Whether the running task opened its savepoint (it ran a statement)."""
+        return self._touched
 
     async def undo(self, session: AsyncSession) -> None:
-        """Roll the task's work back to its savepoint (the batch's other work stays)."""
-        if self.touched(session):
+        """Roll the task's work back to its savepoint (the batch's other work stays); its
+        session is replaced."""
+        self._pending, self._failed = False, True
+        if self._touched:
             await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
 
     async def ack(self, leased: Sequence[Leased]) -> set[int]:
@@ -387,10 +477,7 @@ class TaskStore:
                 try:
                     yield batch
                 finally:
-                    spare, batch._spare = batch._spare, None
-                    if spare is not None:
-                        hand_back(spare.sync_session)
-                        await spare.close()
+                    await batch.end()
                 await self.dialect.durable(conn)  # before the commit, not before the tasks
                 for item in batch.acked:
                     hooks.before_commit(item.task, str(item.id))

@@ -24,6 +24,10 @@ AVAILABLE, RUNNING, SUCCEEDED, DISCARDED, DEAD = (
 )
 FINISHED = (SUCCEEDED, DISCARDED, DEAD)
 
+KEYED = tasks.c.idempotency_key.is_not(None)
+"""The predicate of the idempotency index: an enqueue's conflict target names it (a unique
+index over all rows, schema v2's, satisfies it too)."""
+
 _FETCHED = (tasks.c.id, tasks.c.task, tasks.c.args, tasks.c.attempt, tasks.c.queue)
 
 
@@ -43,7 +47,9 @@ def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
             created_at=created_at,
             idempotency_key=sa.bindparam("p_key", type_=sa.String()),
         )
-        .on_conflict_do_nothing(index_elements=[tasks.c.task, tasks.c.idempotency_key])
+        .on_conflict_do_nothing(
+            index_elements=[tasks.c.task, tasks.c.idempotency_key], index_where=KEYED
+        )
         .returning(*ENQUEUED)
     )
 
