@@ -82,48 +82,27 @@ tasks = sa.Table(
     sa.Column("error", sa.Text, nullable=True),
     comment="One row per queued task; its state changes commit with the task's own work.",
 )
+
+
+def _partial_index(name: str, *columns: Any, where: Any, unique: bool = False) -> sa.Index:
+    """An index of the rows `where` holds for, the same on Postgres and SQLite."""
+    return sa.Index(name, *columns, unique=unique, postgresql_where=where, sqlite_where=where)
+
+
 # An idempotency key is unique per task among all retained rows, whatever their state. Tasks
 # without a key have no entry (schema v3): most tasks add nothing here when enqueued, leased
 # or acked. Conflict targets name the predicate (`tasks_sql.KEYED`) to infer this index.
 _KEYED = tasks.c.idempotency_key.is_not(None)
-sa.Index(
-    "oncely_tasks_key",
-    tasks.c.task,
-    tasks.c.idempotency_key,
-    unique=True,
-    postgresql_where=_KEYED,
-    sqlite_where=_KEYED,
-)
+_partial_index("oncely_tasks_key", tasks.c.task, tasks.c.idempotency_key, where=_KEYED, unique=True)
 # What a worker fetches: due, available tasks (of its queues), oldest first.
-sa.Index(
-    "oncely_tasks_due",
-    tasks.c.run_at,
-    tasks.c.id,
-    postgresql_where=tasks.c.state == "available",
-    sqlite_where=tasks.c.state == "available",
-)
-sa.Index(
-    "oncely_tasks_due_by_queue",
-    tasks.c.queue,
-    tasks.c.run_at,
-    tasks.c.id,
-    postgresql_where=tasks.c.state == "available",
-    sqlite_where=tasks.c.state == "available",
+_AVAILABLE = tasks.c.state == "available"
+_partial_index("oncely_tasks_due", tasks.c.run_at, tasks.c.id, where=_AVAILABLE)
+_partial_index(
+    "oncely_tasks_due_by_queue", tasks.c.queue, tasks.c.run_at, tasks.c.id, where=_AVAILABLE
 )
 # What the rescuer looks at: leases that may have run out.
-sa.Index(
-    "oncely_tasks_leases",
-    tasks.c.lease_expires_at,
-    postgresql_where=tasks.c.state == "running",
-    sqlite_where=tasks.c.state == "running",
-)
+_partial_index("oncely_tasks_leases", tasks.c.lease_expires_at, where=tasks.c.state == "running")
 # Finished tasks by state and end (what prune deletes, what the operator lists), finished ones
 # only (schema v3): a task gets its entry once, when it ends, not at each state change.
 _FINISHED = tasks.c.state.in_(["succeeded", "discarded", "dead"])
-sa.Index(
-    "oncely_tasks_finished",
-    tasks.c.state,
-    tasks.c.finished_at,
-    postgresql_where=_FINISHED,
-    sqlite_where=_FINISHED,
-)
+_partial_index("oncely_tasks_finished", tasks.c.state, tasks.c.finished_at, where=_FINISHED)
