@@ -56,9 +56,6 @@ class HeldConnections:
         # without I/O, as the pool lets go of the connections it keeps.
         weakref.finalize(self, _abandon, self._held)
 
-    def __len__(self) -> int:
-        return len(self._held)
-
     async def take(self, check: Check) -> AsyncConnection | None:
         """The newest usable held connection of this loop, or None: check one out."""
         loop = asyncio.get_running_loop()
