@@ -63,11 +63,11 @@ class HeldConnections:
             try:
                 usable = await check(held.conn, time.monotonic() - held.since)
             except BaseException:
-                await _discard(held.conn)
+                _let_go(held.conn)
                 raise
             if usable:
                 return held.conn
-            await _discard(held.conn)
+            _let_go(held.conn)
         return None
 
     def _pop(self, loop: asyncio.AbstractEventLoop) -> _Held | None:
@@ -80,7 +80,7 @@ class HeldConnections:
                     return held
                 if held.loop.is_closed():
                     del self._held[i]
-                    _abandon([held])
+                    _let_go(held.conn)
         return None
 
     def keep(self, conn: AsyncConnection) -> bool:
@@ -103,33 +103,28 @@ class HeldConnections:
                 with contextlib.suppress(Exception):
                     await one.conn.close()
             elif one.loop.is_closed():
-                _abandon([one])
+                _let_go(one.conn)
             else:
                 with contextlib.suppress(RuntimeError):
                     asyncio.run_coroutine_threadsafe(one.conn.close(), one.loop)
 
 
-def _terminate(conn: AsyncConnection) -> None:
-    """Close the driver's socket by hand: on a connection of a closed event loop this fails
-    half-way yet leaves the driver closed, so the pool's own close has nothing left to fail on."""
+def _let_go(conn: AsyncConnection) -> None:
+    """Close a connection's socket and hand its pool slot back, without I/O to wait for.
+
+    The driver is closed by hand first: on a connection of a closed event loop that fails
+    half-way yet leaves the driver closed, so the pool's invalidation has nothing left to
+    fail on, and an invalidated connection goes back to the pool without a reset.
+    """
     with contextlib.suppress(Exception):
         conn.sync_connection.connection.driver_connection.terminate()  # type: ignore[union-attr]
-
-
-async def _discard(conn: AsyncConnection) -> None:
-    """Close a connection's socket and hand its pool slot back without using it again."""
-    _terminate(conn)
     with contextlib.suppress(Exception):
-        await conn.invalidate()
-    with contextlib.suppress(Exception):
-        await conn.close()
+        conn.sync_connection.invalidate()  # type: ignore[union-attr]
+        conn.sync_connection.close()  # type: ignore[union-attr]
 
 
 def _abandon(held: list[_Held]) -> None:
-    """`_discard` without an event loop: nothing left to wait for once the driver is closed."""
+    """Let go of every held connection (an app dropped, or a script ended, unclosed)."""
     for one in held:
-        _terminate(one.conn)
-        with contextlib.suppress(Exception):
-            one.conn.sync_connection.invalidate()  # type: ignore[union-attr]
-            one.conn.sync_connection.close()  # type: ignore[union-attr]
+        _let_go(one.conn)
     held.clear()
