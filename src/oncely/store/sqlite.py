@@ -8,6 +8,10 @@ and explicit transaction control; the stdlib driver's own implicit BEGIN is turn
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -28,10 +32,58 @@ READ_ONLY_OPTION = "oncely_read_only"
 """Execution option: open a plain (deferred) transaction, for reads that must not queue."""
 
 
+WAL_PRAGMA = "PRAGMA journal_mode=WAL"
+
+
+def _wal_waits() -> Iterator[float]:
+    """The pauses between tries of WAL_PRAGMA, doubling from 1 ms, for DEFAULT_BUSY_MS in all.
+
+    Turning a database into WAL mode takes an exclusive lock, and SQLite does not call its
+    busy handler for that lock: a connection opened while another one writes or converts
+    the same new file gets "database is locked" at once, whatever busy_timeout says."""
+    deadline = time.monotonic() + DEFAULT_BUSY_MS / 1000
+    pause = 0.001
+    while time.monotonic() + pause < deadline:
+        yield pause
+        pause = min(pause * 2, 0.05)
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    return "database is locked" in str(exc)
+
+
+def _enable_wal(dbapi_connection: Any) -> None:
+    for pause in _wal_waits():
+        try:
+            dbapi_connection.execute(WAL_PRAGMA)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc):
+                raise
+            time.sleep(pause)  # a sync engine's own thread: nothing else waits on it
+    dbapi_connection.execute(WAL_PRAGMA)  # the last try: its error is the caller's
+
+
+async def _enable_wal_async(driver_connection: Any) -> None:
+    for pause in _wal_waits():
+        try:
+            await driver_connection.execute(WAL_PRAGMA)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc):
+                raise
+            await asyncio.sleep(pause)  # lets this loop's other connections finish
+    await driver_connection.execute(WAL_PRAGMA)
+
+
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+    run_async = getattr(dbapi_connection, "run_async", None)  # aiosqlite's adapted connection
+    if run_async is not None:
+        run_async(_enable_wal_async)
+    else:
+        _enable_wal(dbapi_connection)
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
