@@ -470,6 +470,9 @@ async def main() -> None:
     )
     parser.add_argument("--systems", default="oncely,pgqueuer,procrastinate")
     parser.add_argument("--only-latency", action="store_true", help="skip enqueue and drains")
+    parser.add_argument("--drains", default="noop,one_row", help="which drains to time")
+    parser.add_argument("--no-enqueue", action="store_true", help="skip the enqueue rows")
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency rows")
     args = parser.parse_args()
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
     classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
@@ -497,7 +500,7 @@ async def main() -> None:
     for round_no in range(args.rounds):
         print(f"round {round_no + 1}/{args.rounds}", flush=True)
         for system in systems:
-            if args.only_latency:
+            if args.only_latency or args.no_enqueue:
                 break
             rate = await enqueue_single(system, args.single, transaction=True)
             keep(system, "enqueue single, own transaction /s", rate, max)
@@ -511,7 +514,7 @@ async def main() -> None:
                 keep(system, f"enqueue single, autocommit{ASYNCPG} /s", rate, max)
                 rate = await enqueue_batch(system, args.tasks, driver=True)
                 keep(system, f"enqueue batch{ASYNCPG} /s", rate, max)
-        for task in ("noop", "one_row") if not args.only_latency else ():
+        for task in args.drains.split(",") if not args.only_latency else ():
             for concurrency in concurrencies:
                 for system in systems:
                     count = (
@@ -521,7 +524,7 @@ async def main() -> None:
                         rate = await drain(system, task, count, concurrency, shape)
                         keep(system, f"drain {task} c={concurrency} /s", rate, max, shape)
                         keep(system, f"drain {task} best /s", rate, max, f"c={concurrency} {shape}")
-        for system in systems:
+        for system in systems if not args.no_latency else ():
             p50, p99 = await latency(system, args.samples)
             keep(system, "latency p50 ms", p50, min)
             keep(system, "latency p99 ms", p99, min)

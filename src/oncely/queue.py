@@ -2,12 +2,19 @@
 
 `consume(app, stopping)` runs `concurrency` lanes. A lane leases a batch of due tasks (one
 short transaction: the attempt counts even if the worker dies), then runs the batch in one
-transaction (or a few: at most SAVEPOINTS tasks that write per transaction) where every task
-gets a savepoint of its own. A task that raises rolls back to its savepoint and its retry or
-end is recorded in the same transaction. At its end the transaction acks every task that
-returned with one compare-and-set on (id, lease token), so each task's work and its ack commit
-together or not at all; if a task that wrote lost its lease meanwhile, the transaction rolls
-back and runs again without it. Fast tasks come in large batches, slow ones one at a time.
+transaction (or a few: at most SAVEPOINTS tasks that write per transaction). A task that
+raises has its work rolled back and its retry or end recorded in the same transaction. At its
+end the transaction acks every task that returned with one compare-and-set on (id, lease
+token), so each task's work and its ack commit together or not at all; if a task that wrote
+lost its lease meanwhile, the transaction rolls back and runs again without it. Fast tasks
+come in large batches, slow ones one at a time.
+
+While tasks succeed, a transaction's tasks run without savepoints (one round trip less per
+task that writes). When a task that wrote fails there, the transaction rolls back and runs
+again with a savepoint for each task: the failure is recorded without running that task
+again (its retry waits as its policy says), tasks that returned without writing are acked
+without running again, and only the tasks that wrote before it run a second time. After a
+failure the worker keeps savepoints for CAUTION transactions.
 Leases are in database time; a heartbeat renews them while tasks run and a rescuer hands tasks
 whose lease ran out (their worker died) to another worker. Postgres wakes idle lanes with
 LISTEN/NOTIFY; polling is the fallback.
@@ -55,7 +62,10 @@ BATCH_SECONDS = 1.0
 """About how long the tasks of one lease take to run, at most: fast tasks come in batches of
 up to MAX_BATCH, tasks that take a second or more one at a time."""
 SAVEPOINTS = 50
-"""Tasks that write per transaction: under Postgres' 64 cached subtransactions."""
+"""Tasks that write per transaction: under Postgres' 64 cached subtransactions (and the most
+tasks an unguarded transaction's rollback makes run again)."""
+CAUTION = 20
+"""Transactions that give every task a savepoint after one in which a task failed."""
 DEFAULT_POLL = 1.0
 
 
@@ -72,12 +82,36 @@ class _Done:
     wrote: bool
 
 
+@dataclass
+class _Failed:
+    """A task that raised: its retry or end is recorded in its batch's transaction."""
+
+    item: Leased
+    duration: float
+    error: Exception
+
+
+Tried = dict[int, "_Done | _Failed"]
+"""What the tasks of one transaction did, by task id."""
+
+
+def _kept(tried: Tried) -> Tried:
+    """What still holds after a transaction rolled back: failures (to record, not to run
+    again) and tasks that returned without writing (to ack, not to run again)."""
+    return {i: r for i, r in tried.items() if isinstance(r, _Failed) or not r.wrote}
+
+
 class _LostWork(Exception):
     """Tasks that wrote lost their leases mid-batch: roll the batch back, run it without them."""
 
     def __init__(self, ids: set[int]) -> None:
         super().__init__(f"leases lost: {sorted(ids)}")
         self.ids = ids
+
+
+class _Unguarded(Exception):
+    """A task that wrote failed in a transaction without savepoints: roll the transaction back
+    and run it again with them."""
 
 
 def _error_text(exc: BaseException) -> str:
@@ -168,6 +202,8 @@ class Worker:
         """Seconds a task takes to run here (a moving average); None before the first."""
         self._prefix = uuid.uuid4().hex[:16]
         self._counter = itertools.count()
+        self._caution = 0
+        """Transactions left that give each task a savepoint (after one where a task failed)."""
 
     def token(self) -> str:
         """A lease token for one fetch: unique to this worker and this fetch."""
@@ -262,22 +298,38 @@ class Worker:
         following: list[Leased] = []
         cancelled = False
         todo = leased
+        kept: Tried = {}
+        rerun = False
         try:
             while todo:
+                tried: Tried = dict(kept)
+                guarded = rerun or self._caution > 0
                 try:
-                    after, following, rest, spent = await self._transaction(conn, todo, stopping)
+                    after, following, rest, spent = await self._transaction(
+                        conn, todo, stopping, tried, guarded
+                    )
                 except _LostWork as lost:
                     for item in todo:
                         if item.id in lost.ids:
                             _emit(_lost(item))
                     todo = [item for item in todo if item.id not in lost.ids]
+                    kept = _kept(tried)
                     continue
+                except _Unguarded:
+                    kept, rerun = _kept(tried), True
+                    _emit(_rerun(tried))
+                    continue
+                self._caution = (
+                    CAUTION
+                    if any(isinstance(r, _Failed) for r in tried.values())
+                    else max(0, self._caution - 1)
+                )
                 for item in todo[: len(todo) - len(rest)]:
                     self.held.pop(item.id, None)
                 for event in after:
                     _emit(event)
                 self._learn(len(todo) - len(rest), spent)
-                todo = rest
+                todo, kept, rerun = rest, {}, False
         except asyncio.CancelledError:
             # Rolled back; the tasks stay in `held` so that consume() hands them back.
             cancelled = True
@@ -304,20 +356,26 @@ class Worker:
         return following
 
     async def _transaction(
-        self, conn: AsyncConnection, todo: list[Leased], stopping: asyncio.Event | None
+        self,
+        conn: AsyncConnection,
+        todo: list[Leased],
+        stopping: asyncio.Event | None,
+        tried: Tried,
+        guarded: bool,
     ) -> tuple[list[Event], list[Leased], list[Leased], float]:
         """Run tasks of `todo` in one transaction: (its events, the next batch, the tasks left,
-        the seconds its tasks took)."""
+        the seconds its tasks took). `tried` holds what a rolled-back run of these tasks
+        left to reuse, and gets what each task does now."""
         after: list[Event] = []
         following: list[Leased] = []
         rest: list[Leased] = []
         spent = 0.0
-        async with self.store.tasks.batch(conn) as batch:
+        async with self.store.tasks.batch(conn, guarded=guarded) as batch:
             done: list[_Done] = []
             lost: set[int] = set()
             for i, item in enumerate(todo):
-                spent += await self._run_one(batch, item, done, lost, after)
-                if batch.savepoints >= SAVEPOINTS:
+                spent += await self._run_one(batch, item, tried, done, lost, after)
+                if batch.writers >= SAVEPOINTS:
                     rest = todo[i + 1 :]
                     break
             if done:
@@ -354,13 +412,22 @@ class Worker:
         self,
         batch: Batch,
         item: Leased,
+        tried: Tried,
         done: list[_Done],
         lost: set[int],
         after: list[Event],
     ) -> float:
-        """Run one task in its savepoint; the seconds it took."""
+        """Run one task (or reuse what a rolled-back run of it did); the seconds it took."""
         task = self.app.tasks.find(item.task)
         policy = task.retry if task is not None else DEFAULT_POLICY
+        earlier = tried.get(item.id)
+        if isinstance(earlier, _Done):  # returned without writing: nothing of it rolled back
+            done.append(earlier)
+            return earlier.duration
+        if isinstance(earlier, _Failed):  # recorded now; running it again would skip its wait
+            if not await self._failed(batch, item, policy, earlier.error, earlier.duration, after):
+                lost.add(item.id)
+            return earlier.duration
         if item.attempt > policy.attempts:
             # The previous attempt's worker died (its lease ran out) and it was the last.
             error = f"LeaseExpired: attempt {item.attempt - 1} of {policy.attempts} never finished"
@@ -387,9 +454,12 @@ class Worker:
             await batch.finish(session)
             duration = time.perf_counter() - started
             done.append(_Done(item, duration, batch.touched(session)))
+            tried[item.id] = done[-1]
         except Exception as exc:
-            await batch.undo(session)
             duration = time.perf_counter() - started
+            tried[item.id] = _Failed(item, duration, exc)
+            if not await batch.undo(session):
+                raise _Unguarded() from exc
             if not await self._failed(batch, item, policy, exc, duration, after):
                 lost.add(item.id)
         finally:
@@ -519,6 +589,18 @@ def _succeeded(done: _Done) -> Event:
 def _emit(event: Event) -> None:
     name, text, level, fields = event
     events.emit(name, text, level=level, **fields)
+
+
+def _rerun(tried: Tried) -> Event:
+    again = [i for i, r in tried.items() if isinstance(r, _Done) and r.wrote]
+    failed = [i for i, r in tried.items() if isinstance(r, _Failed)]
+    return (
+        "task.batch_rerun",
+        "a task that wrote failed without a savepoint; its transaction rolled back and runs "
+        "again with savepoints",
+        logging.INFO,
+        {"failed": ",".join(map(str, failed)), "again": ",".join(map(str, again))},
+    )
 
 
 def _lost(item: Leased) -> Event:

@@ -315,6 +315,38 @@ async def test_queue_tasks_take_effect_once_lease_taken_while_the_batch_runs(
     ]
 
 
+@pytest.mark.postgres
+async def test_a_lost_lease_rerun_records_a_failure_without_running_it_again(
+    pg_app: Oncely,
+    recorded,  # type: ignore[no-untyped-def]
+) -> None:
+    """A batch runs again without a task whose lease it lost; a task of it that had failed
+    has its retry recorded then, and does not run a second time (its wait would be skipped)."""
+    app = pg_app
+    from oncely.queue import discard_task
+
+    ids: dict[int, int] = {}
+    calls: list[int] = []
+
+    @app.task(retry=RetryPolicy(attempts=3, wait=600, backoff="fixed", jitter=0))
+    async def charge(db, n: int):  # type: ignore[no-untyped-def]
+        calls.append(n)
+        if n == 2:
+            raise Transient("gateway timeout")
+        await db.execute(INSERT, {"n": n})
+        if n == 3 and 1 in ids:  # once: the batch runs again without task 1
+            await discard_task(app, ids.pop(1))
+
+    recs = await in_tx(app, lambda db: charge.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
+    ids.update({rec.args["n"]: rec.id for rec in recs})
+    await asyncio.wait_for(run_due(app, Worker(app, lease=30)), 30)
+    assert sorted(calls) == [1, 2, 3, 3]
+    assert await effects(app) == [3]
+    assert [e["id"] for e in recorded.named("task.retry")] == [recs[1].id]
+    got = await states(app)
+    assert [got[r.id] for r in recs] == [("discarded", 1), ("available", 1), ("succeeded", 1)]
+
+
 async def test_lease_expired_on_the_last_attempt_goes_dead(app: Oncely) -> None:
     @app.task(retry=RetryPolicy(attempts=1))
     async def once(db, n: int):  # type: ignore[no-untyped-def]
@@ -377,12 +409,24 @@ class Effect(_Base):
     pid: sa.orm.Mapped[int] = sa.orm.mapped_column(default=0)
 
 
+async def run_due(app: Oncely, worker: Worker, limit: int = 100) -> None:
+    """Lease the due tasks (up to `limit`) and run them as one batch of `worker`'s."""
+    async with app.store.engine.connect() as conn:
+        leased = await app.store.tasks.fetch(conn, None, limit, worker.token(), "A", 30)
+        assert leased, "no task was due"
+        await worker.run_batch(conn, leased)
+
+
+@pytest.mark.parametrize("how", ["session", "orm", "connection", "driver"])
 async def test_a_failing_task_rolls_back_only_its_own_work_however_it_wrote(
-    app: Oncely,
-) -> None:
-    """The tasks of a batch share one session; each opens its savepoint before its first
-    statement, whether it goes through the session, the ORM's flush, the connection or the
-    driver itself (after asking the session for the connection)."""
+    app: Oncely, how: str, recorded
+) -> None:  # type: ignore[no-untyped-def]
+    """The tasks of a batch share one session; the batch sees each task's first statement,
+    whether it goes through the session, the ORM's flush, the connection or the driver itself
+    (after asking the session for the connection). Without savepoints (a worker that has seen
+    no failure) the failing task's write is found and the transaction runs again; with them
+    (after a failure) the task rolls back to its own; a task that takes the connection gets
+    its savepoint either way."""
     postgres = app.store.dialect.name == "postgresql"
     raw_insert = (
         "INSERT INTO effects (n) VALUES ($1)"
@@ -391,7 +435,7 @@ async def test_a_failing_task_rolls_back_only_its_own_work_however_it_wrote(
     )
 
     @app.task(retry=RetryPolicy(attempts=1))
-    async def write(db, n: int, how: str, fail: bool):  # type: ignore[no-untyped-def]
+    async def write(db, n: int, fail: bool):  # type: ignore[no-untyped-def]
         if how == "session":
             await db.execute(INSERT, {"n": n})
         elif how == "orm":
@@ -405,14 +449,75 @@ async def test_a_failing_task_rolls_back_only_its_own_work_however_it_wrote(
         if fail:
             raise Transient(f"{how} {n}")
 
-    items = [
-        {"n": i * 10 + j, "how": how, "fail": j == 1}
-        for i, how in enumerate(("session", "orm", "connection", "driver"), start=1)
-        for j in (0, 1, 2)
-    ]
-    await in_tx(app, lambda db: write.enqueue_many(db, items))
-    await drain(app, finished(app, len(items)), concurrency=1, batch=len(items))
-    assert await effects(app) == [10, 12, 20, 22, 30, 32, 40, 42]
+    worker = Worker(app)
+    for first in (10, 20):  # unguarded, then guarded (the first failure made it cautious)
+        items = [{"n": first + j, "fail": j == 1} for j in (0, 1, 2)]
+        await in_tx(app, lambda db, items=items: write.enqueue_many(db, items))
+        await run_due(app, worker)
+    assert await effects(app) == [10, 12, 20, 22]
+    # A task that takes the connection gets its savepoint in either kind of batch.
+    reruns = 0 if how in ("connection", "driver") else 1
+    assert len(recorded.named("task.batch_rerun")) == reruns
+    assert sorted(s for s, _ in (await states(app)).values()) == ["dead"] * 2 + ["succeeded"] * 4
+
+
+async def test_a_task_that_wrote_and_failed_without_a_savepoint_runs_once(
+    app: Oncely, recorded
+) -> None:  # type: ignore[no-untyped-def]
+    """Without savepoints, a task that wrote and raised rolls its whole transaction back. The
+    transaction runs again with savepoints: the failure is recorded without running that task
+    again (its retry waits as its policy says), the tasks that returned without writing are
+    acked without running again, and only those that wrote before it run a second time."""
+    calls: list[tuple[str, int]] = []
+
+    @app.task
+    async def record(db, n: int):  # type: ignore[no-untyped-def]
+        calls.append(("record", n))
+        await db.execute(INSERT, {"n": n})
+
+    @app.task
+    async def ping(db, n: int):  # type: ignore[no-untyped-def]
+        calls.append(("ping", n))
+
+    @app.task(retry=RetryPolicy(attempts=3, wait=600, backoff="fixed", jitter=0))
+    async def charge(db, n: int):  # type: ignore[no-untyped-def]
+        calls.append(("charge", n))
+        await db.execute(INSERT, {"n": n})
+        raise Transient(f"gateway timeout on {n}")
+
+    async def enqueue(db):  # type: ignore[no-untyped-def]
+        order = (record, ping, record, charge, record, ping)
+        return [await t.enqueue(db, n=n) for n, t in enumerate(order, start=1)]
+
+    recs = await in_tx(app, enqueue)
+    worker = Worker(app)
+    await run_due(app, worker)
+    assert await effects(app) == [1, 3, 5]
+    twice, once = [("record", 1), ("record", 3)], [("ping", 2), ("charge", 4), ("record", 5)]
+    assert sorted(calls) == sorted([*twice, *twice, *once, ("ping", 6)])
+    (rerun,) = recorded.named("task.batch_rerun")
+    assert rerun["failed"] == str(recs[3].id)
+    assert rerun["again"] == f"{recs[0].id},{recs[2].id}"
+    (retry,) = recorded.named("task.retry")
+    assert (retry["id"], retry["attempt"], retry["wait"]) == (recs[3].id, 1, 600)
+    got = await states(app)
+    assert got.pop(recs[3].id) == ("available", 1)
+    assert set(got.values()) == {("succeeded", 1)}
+    (charged,) = [r for r in await list_tasks(app) if r.id == recs[3].id]
+    assert charged.error is not None and charged.error.startswith("Transient: gateway timeout")
+    assert sorted(e["id"] for e in recorded.named("task.succeeded")) == sorted(
+        r.id for r in recs if r.id != recs[3].id
+    )
+
+    # The next batch has savepoints: a failure there runs nothing twice.
+    calls.clear()
+    await in_tx(app, lambda db: record.enqueue(db, n=7))
+    await in_tx(app, lambda db: charge.enqueue(db, n=8))
+    await in_tx(app, lambda db: record.enqueue(db, n=9))
+    await run_due(app, worker)
+    assert sorted(calls) == [("charge", 8), ("record", 7), ("record", 9)]
+    assert await effects(app) == [1, 3, 5, 7, 9]
+    assert len(recorded.named("task.batch_rerun")) == 1
 
 
 async def test_the_tasks_of_a_batch_see_none_of_each_others_session_state(

@@ -130,7 +130,7 @@ def test_queue_tasks_take_effect_once_lease_stolen_from_a_stalled_worker(
 
 
 def test_duplicates_are_observable_many_workers_one_effect_each(
-    env: dict[str, str], sync_engine: sa.Engine
+    env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
 ) -> None:
     with Session(sync_engine) as session, session.begin():
         for n in range(300):
@@ -143,6 +143,9 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
         ),
         "300 tasks",
     )
+    # A worker slow to start may find no task left; it must still be up (its SIGTERM
+    # handler installed) before it is asked to stop, or it dies of the signal instead.
+    wait_until(lambda: all((tmp_path / f"ready-{p.pid}").exists() for p in workers), "every worker")
     stopped = [stop(p) for p in workers]
     assert [code for code, _ in stopped] == [0, 0, 0], [err[-3000:] for _, err in stopped]
     assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]

@@ -242,7 +242,8 @@ _BATCH = "oncely.batch"
 
 
 class TaskSession(AttemptSession):
-    """The tasks' session inside a batch: each task's first statement opens its savepoint."""
+    """The tasks' session inside a batch: each task's first statement is seen by the batch
+    (which opens the task's savepoint then, if it gives tasks one)."""
 
     def connection(
         self,
@@ -250,19 +251,19 @@ class TaskSession(AttemptSession):
         execution_options: Any = None,
     ) -> Connection:
         # A task that takes the connection may run statements on the driver itself, which no
-        # event sees: its savepoint opens now.
-        conn = super().connection(bind_arguments, execution_options)
+        # event sees (nor begins SQLAlchemy's transaction for): it gets its savepoint now,
+        # which also begins the transaction, guarded batch or not.
         batch = self.info.get(_BATCH)
         if batch is not None:
-            batch.open_savepoint(conn)
-        return conn
+            batch.first_statement(batch.conn.sync_connection, direct=True)
+        return super().connection(bind_arguments, execution_options)
 
 
 @event.listens_for(TaskSession, "after_begin")
 def _on_begin(session: Session, _transaction: Any, connection: Connection) -> None:
     batch = session.info.get(_BATCH)
     if batch is not None:
-        batch.open_savepoint(connection)
+        batch.first_statement(connection)
 
 
 def _reusable(sync: Session) -> bool:
@@ -280,48 +281,61 @@ def _by_token(leased: Sequence[Leased]) -> dict[str, list[int]]:
 
 
 class Batch:
-    """One transaction running several leased tasks, each in a savepoint of its own.
+    """One transaction running several leased tasks.
 
     The tasks share one session, which stays in the transaction from task to task (it is
-    emptied after each, and replaced after a task that failed). A task's savepoint opens
-    lazily, just before its first statement (a task that touches no table costs no round
-    trip): whichever comes first of the session beginning, a statement on the connection, or
-    the task asking for the connection. The name is constant; savepoints are not released,
-    so they nest, and ROLLBACK TO reaches the newest one: the failing task's own.
+    emptied after each, and replaced after a task that failed). The batch sees each task's
+    first statement: whichever comes first of the session beginning, a statement on the
+    connection, or the task asking for the connection; a task with none touched nothing.
+
+    A `guarded` batch gives each task that writes a savepoint of its own, opened just before
+    that first statement, so a failing task's work can be rolled back alone. The name is
+    constant; savepoints are not released, so they nest, and ROLLBACK TO reaches the newest
+    one: the failing task's own. An unguarded batch saves that round trip per task, except
+    for a task that takes the connection (it may write on the driver, unseen); a task that
+    wrote without a savepoint and failed cannot be undone alone (`undo` says so), and the
+    worker rolls the whole transaction back instead.
     """
 
-    def __init__(self, conn: AsyncConnection, tasks: TaskStore) -> None:
+    def __init__(self, conn: AsyncConnection, tasks: TaskStore, *, guarded: bool = True) -> None:
         self.conn = conn
         self.tasks = tasks
         self.dialect = tasks.dialect
+        self.guarded = guarded
         self.acked: list[Leased] = []
         """The tasks this batch acked: they succeed iff the batch commits."""
         self._session: AsyncSession | None = None
         self._pending = False
-        """The running task has not opened its savepoint yet."""
+        """The running task has not run a statement yet."""
         self._touched = False
-        """The running task has opened its savepoint (it wrote, or tried to)."""
+        """The running task ran a statement (it wrote, or tried to)."""
+        self._saved = False
+        """The running task opened a savepoint before its first statement."""
         self._failed = False
         """The running task failed: its session is replaced, not reused."""
-        self.savepoints = 0
-        """How many tasks of this batch opened a savepoint."""
+        self.writers = 0
+        """How many tasks of this batch ran a statement."""
         event.listen(conn.sync_connection, "before_cursor_execute", self._before_statement)
 
     def _before_statement(self, connection: Connection, *_args: Any) -> None:
         if self._pending:
-            self.open_savepoint(connection)
+            self.first_statement(connection)
 
-    def open_savepoint(self, connection: Connection) -> None:
-        """Open the running task's savepoint, unless it has one already."""
+    def first_statement(self, connection: Connection, *, direct: bool = False) -> None:
+        """The running task is about to run its first statement (`direct`: on a connection it
+        took): open its savepoint now if the batch is guarded or the task is direct."""
         if self._pending:
             self._pending = False  # first: the statement below passes _before_statement
-            self.dialect.savepoint_sql(connection, f"SAVEPOINT {SAVEPOINT}")
+            if self.guarded or direct:
+                self.dialect.savepoint_sql(connection, f"SAVEPOINT {SAVEPOINT}")
+                self._saved = True
             self._touched = True
 
     def session(self) -> AsyncSession:
         """The session for the next task; it never commits or rolls back the batch's
         transaction, and its first statement opens the task's savepoint."""
-        self._pending, self._touched = True, False
+        self._pending = True
+        self._touched = self._saved = False
         if self._session is None:
             self._session = AsyncSession(
                 bind=self.conn,
@@ -343,7 +357,7 @@ class Batch:
         failed or left it in a state of its own)."""
         self._pending = False
         if self._touched:
-            self.savepoints += 1
+            self.writers += 1
         sync = session.sync_session
         if session is self._session and not self._failed and _reusable(sync):
             sync.expunge_all()
@@ -367,15 +381,20 @@ class Batch:
         await self._drop()
 
     def touched(self, session: AsyncSession) -> bool:
-        """Whether the running task opened its savepoint (it ran a statement)."""
+        """Whether the running task ran a statement."""
         return self._touched
 
-    async def undo(self, session: AsyncSession) -> None:
+    async def undo(self, session: AsyncSession) -> bool:
         """Roll the task's work back to its savepoint (the batch's other work stays); its
-        session is replaced."""
+        session is replaced. False if it cannot be undone alone: it wrote in an unguarded
+        batch, and only rolling back the whole transaction removes its work."""
         self._pending, self._failed = False, True
-        if self._touched:
-            await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        if not self._touched:
+            return True
+        if not self._saved:
+            return False
+        await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        return True
 
     async def ack(self, leased: Sequence[Leased]) -> set[int]:
         """Mark tasks that succeeded in this batch (whether or not they wrote) succeeded iff
@@ -464,16 +483,17 @@ class TaskStore:
                 return await self.lease(conn, queues, limit, token, by, lease)
 
     @contextlib.asynccontextmanager
-    async def batch(self, conn: AsyncConnection) -> AsyncIterator[Batch]:
+    async def batch(self, conn: AsyncConnection, *, guarded: bool = True) -> AsyncIterator[Batch]:
         """A transaction on `conn` that commits on a normal exit and rolls back otherwise
-        (on any exception, BaseExceptions included: a test's simulated crash).
+        (on any exception, BaseExceptions included: a test's simulated crash). `guarded`:
+        whether each task that writes gets a savepoint (see Batch).
 
         Just before the commit, `hooks.before_commit(task, str(id))` is called for each acked
         task: the seam where the testing toolkit stops a worker between work and commit.
         """
         with self.store.translate():
             async with conn.begin():
-                batch = Batch(conn, self)
+                batch = Batch(conn, self, guarded=guarded)
                 try:
                     yield batch
                 finally:
