@@ -102,6 +102,7 @@ class System:
 
     async def enqueue_in_driver(self, task: str, n: int, transaction: bool) -> None: ...
     async def enqueue_batch_driver(self, task: str, ns: list[int]) -> None: ...
+    async def enqueue_floor(self, task: str, n: int, transaction: bool) -> None: ...
 
     async def drain(self, total: int, concurrency: int, shape: str) -> None: ...
     async def start_idle_worker(self) -> Callable[[], Awaitable[None]]: ...
@@ -111,6 +112,11 @@ class System:
 
 
 # -- oncely -------------------------------------------------------------------------------
+
+FLOOR_INSERT_SQL = (
+    "INSERT INTO oncely_tasks (task, queue, args, state, run_at, created_at)"
+    " VALUES (:task, 'default', CAST(:args AS jsonb), 'available', now(), now()) RETURNING id"
+)
 
 # Pending tasks, counted on the two partial indexes that hold them (available, running).
 PENDING = (
@@ -145,6 +151,7 @@ class Oncely(System):
             await db.execute(insert, {"n": n})
 
         self.tasks = {"noop": noop, "one_row": one_row}
+        self.floor_insert = sa.text(FLOOR_INSERT_SQL)
         self.held: Any = None
         self.auto: Any = None
         self.raw = await asyncpg.connect(dsn)
@@ -191,6 +198,16 @@ class Oncely(System):
     async def enqueue_batch_driver(self, task: str, ns: list[int]) -> None:
         async with self.raw.transaction():
             await self.tasks[task].enqueue_many(self.raw, [{"n": n} for n in ns])
+
+    async def enqueue_floor(self, task: str, n: int, transaction: bool) -> None:
+        # SQLAlchemy alone, no oncely code: one INSERT of a task row as text, in a transaction
+        # of its own on the same held session as `enqueue_one`. No enqueue that runs in an
+        # AsyncSession's transaction can be faster.
+        if self.held is None:
+            self.held = self.session(self.app.store.engine)
+        async with self.held.begin():
+            params = {"task": task, "args": json.dumps({"n": n})}
+            await self.held.execute(self.floor_insert, params)
 
     def shapes(self, concurrency: int) -> list[str]:
         # One connection per lane, plus the listener's and the heartbeat's.
@@ -401,10 +418,12 @@ class PgQueuer(System):
 
 
 async def enqueue_single(
-    system: System, count: int, transaction: bool, driver: bool = False
+    system: System, count: int, transaction: bool, driver: bool = False, floor: bool = False
 ) -> float:
     await system.reset()
     enqueue = system.enqueue_in_driver if driver else system.enqueue_in
+    if floor:
+        enqueue = system.enqueue_floor
     started = time.perf_counter()
     for n in range(count):
         await enqueue("noop", n, transaction)
@@ -469,6 +488,9 @@ async def main() -> None:
         help="tasks per procrastinate drain (it drains one job per round trip: minutes at 20k)",
     )
     parser.add_argument("--systems", default="oncely,pgqueuer,procrastinate")
+    parser.add_argument(
+        "--database-prefix", default="bench_queue", help="each system's database: PREFIX_NAME"
+    )
     parser.add_argument("--only-latency", action="store_true", help="skip enqueue and drains")
     parser.add_argument("--drains", default="noop,one_row", help="which drains to time")
     parser.add_argument("--no-enqueue", action="store_true", help="skip the enqueue rows")
@@ -479,7 +501,7 @@ async def main() -> None:
     systems: list[System] = []
     for name in args.systems.split(","):
         system = classes[name]()
-        await system.setup(await fresh_database(base, f"bench_queue_{name}"))
+        await system.setup(await fresh_database(base, f"{args.database_prefix}_{name}"))
         systems.append(system)
     room = await connection_room(base)
     for system in systems:
@@ -514,6 +536,8 @@ async def main() -> None:
                 keep(system, f"enqueue single, autocommit{ASYNCPG} /s", rate, max)
                 rate = await enqueue_batch(system, args.tasks, driver=True)
                 keep(system, f"enqueue batch{ASYNCPG} /s", rate, max)
+                rate = await enqueue_single(system, args.single, transaction=True, floor=True)
+                keep(system, FLOOR, rate, max)
         for task in args.drains.split(",") if not args.only_latency else ():
             for concurrency in concurrencies:
                 for system in systems:
@@ -546,6 +570,8 @@ async def connection_room(base: str) -> int:
 
 ASYNCPG = ", asyncpg connection"
 """The suffix of the enqueue rows where oncely enqueues on a bare asyncpg connection."""
+FLOOR = "enqueue single, own transaction, SQLAlchemy alone /s"
+"""The same transaction on oncely's AsyncSession, its INSERT as text, no oncely code."""
 
 
 def print_table(
@@ -561,6 +587,8 @@ def print_table(
         "enqueue batch",
     ):
         order += [f"{metric} /s", f"{metric}{ASYNCPG} /s"]
+        if metric == "enqueue single, own transaction":
+            order.append(FLOOR)
     for task in ("noop", "one_row"):
         order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
         order.append(f"drain {task} best /s")
@@ -580,7 +608,7 @@ def print_table(
         row = f"| {metric} | " + " | ".join(cells) + " |"
         if "oncely" in names and "pgqueuer" in names:
             # pgqueuer enqueues on asyncpg in every row: its row is the peer of both of ours.
-            peer = metric.replace(ASYNCPG, "")
+            peer = metric.replace(ASYNCPG, "").replace(FLOOR, "enqueue single, own transaction /s")
             mine, theirs = results["oncely"].get(metric), results["pgqueuer"].get(peer)
             row += f" {mine / theirs:.2f} |" if mine and theirs else " n/a |"
         print(row)
