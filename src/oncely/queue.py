@@ -284,14 +284,15 @@ class Worker:
     async def run_batch(
         self, conn: AsyncConnection, leased: list[Leased], stopping: asyncio.Event | None = None
     ) -> list[Leased]:
-        """Run leased tasks in as few transactions as can hold them, each task in a savepoint
-        of its own, the tasks of a transaction acked together at its end.
+        """Run leased tasks in as few transactions as can hold them, the tasks of a
+        transaction acked together at its end.
 
         A transaction ends after `SAVEPOINTS` tasks that wrote, or with the last task; unless
         `stopping` is set, the last one also leases the next batch, which this returns (empty
         if it failed: those leases rolled back with it). If a task that wrote turns out to
         have lost its lease, its transaction rolls back (its work with the others') and runs
-        again without it.
+        again without it. If a task that wrote fails without a savepoint, the transaction
+        rolls back and runs again with savepoints (see the module's docstring).
         """
         for item in leased:
             self.held[item.id] = item
@@ -319,17 +320,15 @@ class Worker:
                     kept, rerun = _kept(tried), True
                     _emit(_rerun(tried))
                     continue
-                self._caution = (
-                    CAUTION
-                    if any(isinstance(r, _Failed) for r in tried.values())
-                    else max(0, self._caution - 1)
-                )
+                self._mind(tried)
                 for item in todo[: len(todo) - len(rest)]:
                     self.held.pop(item.id, None)
                 for event in after:
                     _emit(event)
                 self._learn(len(todo) - len(rest), spent)
-                todo, kept, rerun = rest, {}, False
+                # What a rolled-back run left for tasks not reached yet (normally nothing).
+                kept = {item.id: kept[item.id] for item in rest if item.id in kept}
+                todo, rerun = rest, False
         except asyncio.CancelledError:
             # Rolled back; the tasks stay in `held` so that consume() hands them back.
             cancelled = True
@@ -390,6 +389,14 @@ class Worker:
                     self.queues, self.limit(), self.token(), self.by, self.lease
                 )
         return after, following, rest, spent
+
+    def _mind(self, tried: Tried) -> None:
+        """After a committed transaction: savepoints for the next CAUTION transactions if one
+        of its tasks failed, else one transaction less of them."""
+        if any(isinstance(r, _Failed) for r in tried.values()):
+            self._caution = CAUTION
+        else:
+            self._caution = max(0, self._caution - 1)
 
     def limit(self) -> int:
         """How many tasks to lease at once: about `BATCH_SECONDS` of work at the pace of the
