@@ -16,6 +16,7 @@ ROWS = [
     "enqueue single, own transaction, asyncpg connection /s",
     "enqueue single, own transaction, SQLAlchemy alone /s",
     "enqueue single, autocommit /s",
+    "enqueue single, autocommit, SQLAlchemy alone /s",
     "enqueue batch, asyncpg connection /s",
     "drain noop c=2 /s",
     "drain one_row c=1 /s",

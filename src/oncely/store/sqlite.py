@@ -55,25 +55,25 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
 def _enable_wal(dbapi_connection: Any) -> None:
     for pause in _wal_waits():
         try:
-            dbapi_connection.execute(WAL_PRAGMA)
+            dbapi_connection.execute(WAL_PRAGMA).close()
             return
         except sqlite3.OperationalError as exc:
             if not _is_locked(exc):
                 raise
             time.sleep(pause)  # a sync engine's own thread: nothing else waits on it
-    dbapi_connection.execute(WAL_PRAGMA)  # the last try: its error is the caller's
+    dbapi_connection.execute(WAL_PRAGMA).close()  # the last try: its error is the caller's
 
 
 async def _enable_wal_async(driver_connection: Any) -> None:
     for pause in _wal_waits():
         try:
-            await driver_connection.execute(WAL_PRAGMA)
+            await (await driver_connection.execute(WAL_PRAGMA)).close()
             return
         except sqlite3.OperationalError as exc:
             if not _is_locked(exc):
                 raise
             await asyncio.sleep(pause)  # lets this loop's other connections finish
-    await driver_connection.execute(WAL_PRAGMA)
+    await (await driver_connection.execute(WAL_PRAGMA)).close()
 
 
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -333,7 +333,7 @@ class Batch:
 
     def session(self) -> AsyncSession:
         """The session for the next task; it never commits or rolls back the batch's
-        transaction, and its first statement opens the task's savepoint."""
+        transaction, and the batch sees its first statement (see `first_statement`)."""
         self._pending = True
         self._touched = self._saved = False
         if self._session is None:
