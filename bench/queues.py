@@ -616,7 +616,7 @@ def print_table(
         cells = [f"{results[n][metric]:,.1f}" if metric in results[n] else "n/a" for n in names]
         row = f"| {metric} | " + " | ".join(cells) + " |"
         if "oncely" in names and "pgqueuer" in names:
-            # pgqueuer enqueues on asyncpg in every row: its row is the peer of both of ours.
+            # pgqueuer enqueues on asyncpg in every row: its row is the peer of each of ours.
             peer = metric.replace(ASYNCPG, "").replace(ALONE, "")
             mine, theirs = results["oncely"].get(metric), results["pgqueuer"].get(peer)
             row += f" {mine / theirs:.2f} |" if mine and theirs else " n/a |"
