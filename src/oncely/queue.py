@@ -86,7 +86,6 @@ class _Done:
 class _Failed:
     """A task that raised: its retry or end is recorded in its batch's transaction."""
 
-    item: Leased
     duration: float
     error: Exception
 
@@ -464,7 +463,7 @@ class Worker:
             tried[item.id] = done[-1]
         except Exception as exc:
             duration = time.perf_counter() - started
-            tried[item.id] = _Failed(item, duration, exc)
+            tried[item.id] = _Failed(duration, exc)
             if not await batch.undo(session):
                 raise _Unguarded() from exc
             if not await self._failed(batch, item, policy, exc, duration, after):

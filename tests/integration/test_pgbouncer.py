@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 from tests.conftest import IN_CI, _reset_postgres
+from tests.queue.queue_helpers import EFFECTS_DDL, effects
 
 from oncely import Oncely, RunStatus, every
 from oncely.queue import consume, list_tasks
@@ -110,17 +111,12 @@ async def app(pgbouncer: str, postgres_database: str) -> AsyncIterator[Oncely]:
     oncely = Oncely(engine, lease=5)
     await oncely.migrate()
     async with engine.begin() as conn:
-        await conn.execute(sa.text("CREATE TABLE effects (n integer NOT NULL)"))
+        await conn.execute(sa.text(EFFECTS_DDL))
     try:
         yield oncely
     finally:
         await oncely.aclose()
         await engine.dispose()
-
-
-async def effects(app: Oncely) -> list[int]:
-    async with app.store.engine.connect() as conn:
-        return [r[0] for r in await conn.execute(sa.text("SELECT n FROM effects ORDER BY n"))]
 
 
 async def until(check, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]

@@ -48,8 +48,9 @@ def _wal_waits() -> Iterator[float]:
         pause = min(pause * 2, 0.05)
 
 
-def _is_locked(exc: sqlite3.OperationalError) -> bool:
-    return "database is locked" in str(exc)
+def _is_busy(exc: BaseException) -> bool:
+    text = str(exc)
+    return "database is locked" in text or "database table is locked" in text
 
 
 def _enable_wal(dbapi_connection: Any) -> None:
@@ -58,7 +59,7 @@ def _enable_wal(dbapi_connection: Any) -> None:
             dbapi_connection.execute(WAL_PRAGMA).close()
             return
         except sqlite3.OperationalError as exc:
-            if not _is_locked(exc):
+            if not _is_busy(exc):
                 raise
             time.sleep(pause)  # a sync engine's own thread: nothing else waits on it
     dbapi_connection.execute(WAL_PRAGMA).close()  # the last try: its error is the caller's
@@ -70,7 +71,7 @@ async def _enable_wal_async(driver_connection: Any) -> None:
             await (await driver_connection.execute(WAL_PRAGMA)).close()
             return
         except sqlite3.OperationalError as exc:
-            if not _is_locked(exc):
+            if not _is_busy(exc):
                 raise
             await asyncio.sleep(pause)  # lets this loop's other connections finish
     await (await driver_connection.execute(WAL_PRAGMA)).close()
@@ -175,5 +176,4 @@ class SQLiteDialect(Dialect):
         return "unable to open database file" in str(exc)
 
     def is_busy(self, exc: BaseException) -> bool:
-        text = str(exc)
-        return "database is locked" in text or "database table is locked" in text
+        return _is_busy(exc)
