@@ -576,7 +576,7 @@ class Cell:
     run: Run = field(default_factory=Run)
     effects: int = 0
     succeeded: int = 0
-    note: str = ""
+    cpu_us: float = 0.0  # this process's CPU time per task (the worker's side only)
 
 
 async def fill(dsn: str, count: int) -> None:
@@ -596,7 +596,7 @@ async def measure(
     run = Run()
     option = cell.option
     async with Peak(ctx.admin, ctx.database) as peak:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         if option in ("A", "A/sp", "B", "D"):
             await drain_lanes(ctx.dsn, option, body, cell.concurrency, batch, ctx.lease, run)
         else:
@@ -611,6 +611,7 @@ async def measure(
                 ctx.dsn, body, cell.tasks, cell.concurrency, pool_size, ctx.lease, run, **extra
             )
         elapsed = time.perf_counter() - started
+        cell.cpu_us = (time.process_time() - cpu) / cell.tasks * 1e6
     conn = await asyncpg.connect(ctx.dsn)
     try:
         cell.effects = await conn.fetchval("SELECT count(*) FROM bench_effects")
@@ -640,7 +641,8 @@ def best(cells: dict[tuple[str, str, int], Cell], cell: Cell) -> None:
         cells[key] = cell
     print(
         f"  {cell.workload:10} {cell.option:5} c={cell.concurrency:<5} {cell.rate:10.1f}/s"
-        f"  peak {cell.peak:3}  effects {cell.effects}  calls {sum(cell.run.calls.values())}",
+        f"  cpu {cell.cpu_us:5.0f} us/task  peak {cell.peak:3}  effects {cell.effects}"
+        f"  calls {sum(cell.run.calls.values())}",
         flush=True,
     )
 
@@ -842,10 +844,10 @@ def report(
         f"{args.commit_siblings}\n"
     )
     print(
-        "| workload | option | concurrency | connections | tasks | tasks/s | x A | peak conns "
-        "| body calls | effects | succeeded |"
+        "| workload | option | concurrency | connections | tasks | tasks/s | x A "
+        "| worker CPU us/task | peak conns | body calls | effects | succeeded |"
     )
-    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for workload in ("one-row", "I/O", "failure"):
         group = [c for c in cells.values() if c.workload == workload]
         for cell in sorted(group, key=lambda c: c.concurrency if workload == "one-row" else 0):
@@ -860,7 +862,7 @@ def report(
             twice = sum(1 for v in calls.values() if v > 1)
             print(
                 f"| {workload} | {cell.option} | {cell.concurrency} | {cell.connections} "
-                f"| {cell.tasks} | {rate} | {ratio} | {cell.peak} "
+                f"| {cell.tasks} | {rate} | {ratio} | {cell.cpu_us:,.0f} | {cell.peak} "
                 f"| {sum(calls.values())} ({twice} twice) | {cell.effects} | {cell.succeeded} |"
             )
         if workload == "one-row":
@@ -872,7 +874,7 @@ def report(
                 ratio = f"{rate / base.rate:.2f}" if base else "n/a"
                 print(
                     f"| one-row | pgqueuer ({shape}) | {c} | - "
-                    f"| {args.tasks} | {rate:,.0f} | {ratio} | - | - | {args.tasks} | - |"
+                    f"| {args.tasks} | {rate:,.0f} | {ratio} | - | - | - | {args.tasks} | - |"
                 )
     if lite:
         print(
