@@ -17,6 +17,8 @@ compare-and-set on id + lease token, its row count checked), real heartbeats.
         that never touches the database is acked by a shared acker (many acks, one
         statement); leasing takes a pooled connection for one statement
   C+    C with its ack and COMMIT sent as one round trip (a lost lease aborts it)
+  C2    C+ with the next transaction's BEGIN in that round trip too: a connection goes back
+        to the pool inside a new, empty transaction (the next task sends no BEGIN)
   D     a batch in one transaction, a savepoint sent in the same round trip as each task's
         first statement ("SAVEPOINT; INSERT ..." as one simple query)
   E1    C with synchronous_commit = off in the task's transaction (opt-in only)
@@ -121,6 +123,10 @@ SELECT 1 / count(*) FROM acked; COMMIT
 """Option C+: the ack and the COMMIT as one simple query (one round trip). A lost lease
 matches no row and divides by zero, which aborts the transaction before its COMMIT runs.
 Its only values are a task id (an int) and a lease token this worker made (hex digits)."""
+REOPEN = "; BEGIN; SET LOCAL synchronous_commit TO on"
+"""Option C2: sent after the COMMIT (or ROLLBACK) in the same round trip, so the connection
+goes back to the pool inside a new, empty transaction and the next task's first statement
+needs no BEGIN of its own (its transaction's now() is then the time of that BEGIN)."""
 INSERT_EFFECT = "INSERT INTO bench_effects (n) VALUES ($1)"
 DURABLE = "BEGIN; SET LOCAL synchronous_commit TO on"
 """Every connection here opens with synchronous_commit = off (a lease needs no fsync of its
@@ -170,6 +176,9 @@ class Db:
             if self.conn is None:
                 assert self.pool is not None
                 self.conn = await self.pool.acquire()
+                if id(self.conn) in self.pool.primed:  # C2: already inside a new transaction
+                    self.pool.primed.discard(id(self.conn))
+                    return str(await self.conn.execute(sql, *args))
             if self.pipelined:
                 return str(await self.conn.execute(f"{self.first}; {literal(sql, args)}"))
             if self.first:
@@ -216,6 +225,7 @@ class Pool:
         self.free: list[Any] = []
         self.slots = asyncio.Semaphore(size)
         self.opened = 0
+        self.primed: set[int] = set()  # C2: connections given back inside a new transaction
 
     async def acquire(self) -> Any:
         await self.slots.acquire()
@@ -235,7 +245,11 @@ class Pool:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
+        """A connection for a statement of the worker's own (lease, ack, heartbeat)."""
         conn = await self.acquire()
+        if id(conn) in self.primed:  # C2: end the empty transaction first (no WAL, no fsync)
+            self.primed.discard(id(conn))
+            await conn.execute("COMMIT")
         try:
             yield conn
         finally:
@@ -472,6 +486,7 @@ async def drain_pooled(
     begin: str = DURABLE,
     settings: dict[str, str] | None = None,
     ack_and_commit: bool = False,
+    reopen: bool = False,
 ) -> None:
     pool = Pool(dsn, pool_size, {**RUNNING_ONLY, **(settings or {})})
     prefetch = min(concurrency, 50)  # leased ahead, so runners never wait on a lease
@@ -512,7 +527,9 @@ async def drain_pooled(
             await body(db, row["n"])
         except Exception as exc:
             if db.conn is not None:
-                await db.conn.execute("ROLLBACK")
+                await db.conn.execute("ROLLBACK" + (REOPEN if reopen else ""))
+                if reopen:
+                    pool.primed.add(id(db.conn))
                 pool.release(db.conn)
             acker.retry(row["id"], row_token(row), repr(exc))
             return
@@ -524,7 +541,10 @@ async def drain_pooled(
                 tok = row_token(row)
                 assert all(ch in "0123456789abcdef" for ch in tok)
                 try:
-                    await db.conn.execute(ACK_AND_COMMIT.format(id=row["id"], token=tok))
+                    ack = ACK_AND_COMMIT.format(id=row["id"], token=tok)
+                    await db.conn.execute(ack + (REOPEN if reopen else ""))
+                    if reopen:
+                        pool.primed.add(id(db.conn))
                 except asyncpg.DivisionByZeroError:  # the lease was lost: nothing committed
                     await db.conn.execute("ROLLBACK")
                     run.lost += 1
@@ -605,8 +625,10 @@ async def measure(
                 extra["begin"] = "BEGIN"  # the pool's synchronous_commit = off holds
             if option.startswith("E2"):
                 extra["settings"] = ctx.commit_delay
-            if option == "C+":
+            if option in ("C+", "C2"):
                 extra["ack_and_commit"] = True
+            if option == "C2":
+                extra["reopen"] = True
             await drain_pooled(
                 ctx.dsn, body, cell.tasks, cell.concurrency, pool_size, ctx.lease, run, **extra
             )
@@ -647,8 +669,8 @@ def best(cells: dict[tuple[str, str, int], Cell], cell: Cell) -> None:
     )
 
 
-ONE_ROW = ["A", "A/sp", "B", "C", "C+", "D", "E1", "E2"]
-IO = ["A", "B", "D", "C", "C+", "C no-DB", "E1", "E2"]
+ONE_ROW = ["A", "A/sp", "B", "C", "C+", "C2", "D", "E1", "E2"]
+IO = ["A", "B", "D", "C", "C+", "C2", "C no-DB", "E1", "E2"]
 FAILURE = ["A", "A/sp", "B", "C", "D"]
 
 

@@ -45,13 +45,13 @@ def test_task_execution_bench_counts(postgres_database: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     rows = _rows(done.stdout)
     # Every drain ran each task once and landed each one-row task's insert with its ack.
-    for option in ("A", "A/sp", "B", "C", "C+", "D", "E1", "E2"):
+    for option in ("A", "A/sp", "B", "C", "C+", "C2", "D", "E1", "E2"):
         cells = rows["one-row", option]
         assert cells[9:] == ["60 (0 twice)", "60", "60"], cells
         assert float(cells[5].replace(",", "")) > 0, cells
     for option in ("A", "B", "D"):
         assert rows["I/O", option][9:] == ["20 (0 twice)", "20", "20"], rows["I/O", option]
-    for option in ("C", "C+", "E1", "E2"):
+    for option in ("C", "C+", "C2", "E1", "E2"):
         assert rows["I/O", option][9:] == ["60 (0 twice)", "60", "60"], rows["I/O", option]
         assert 1 <= int(rows["I/O", option][8]) <= 4, rows["I/O", option]  # within the pool
     # A task that never touches the database takes no connection for its run: only the
