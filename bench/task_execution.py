@@ -421,12 +421,15 @@ async def drain_lanes(
     beat = asyncio.create_task(heartbeats(side, run, lease))
     try:
         if shape == "B":
-            await asyncio.gather(*(task_lane(dsn, body, batch, lease, run) for _ in range(lanes)))
+            lanes_run = [task_lane(dsn, body, batch, lease, run) for _ in range(lanes)]
         else:
             mode = {"A": "rerun", "A/sp": "savepoint", "D": "pipelined"}[shape]
-            await asyncio.gather(
-                *(batch_lane(dsn, body, batch, mode, lease, run) for _ in range(lanes))
-            )
+            lanes_run = [batch_lane(dsn, body, batch, mode, lease, run) for _ in range(lanes)]
+        # Every lane ends (the others drain what a lane that failed to connect left) before
+        # the first error, if any, is raised.
+        for outcome in await asyncio.gather(*lanes_run, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -656,6 +659,21 @@ class Context:
     room: int
 
 
+async def measure_cell(
+    cells: dict[tuple[str, str, int], Cell], cell: Cell, measuring: Awaitable[Cell]
+) -> None:
+    """Measure a cell and keep its best round; a server out of connections (the machine is
+    shared) skips the cell for this round, and says so."""
+    try:
+        best(cells, await measuring)
+    except asyncpg.TooManyConnectionsError:
+        print(
+            f"  {cell.workload:10} {cell.option:5} c={cell.concurrency:<5} skipped this round:"
+            " the server had no connections left",
+            flush=True,
+        )
+
+
 def best(cells: dict[tuple[str, str, int], Cell], cell: Cell) -> None:
     key = (cell.workload, cell.option, cell.concurrency)
     old = cells.get(key)
@@ -699,14 +717,14 @@ async def postgres(
             print(f"round {round_no + 1}/{args.rounds}", flush=True)
             for c in args.concurrency:
                 for option in ONE_ROW:
-                    if option in ("A", "A/sp", "B", "D") and c + 2 > ctx.room:
+                    if option in ("A", "A/sp", "B", "D") and c + 2 > await connection_room(admin):
                         continue  # a lane per task at once: more connections than are left
                     if option == "E2" and not delay_ok:
                         continue
                     pool = min(args.pool_size, c)
                     conns = f"pool {pool}" if option[0] in "CE" else f"{c} lanes"
                     cell = Cell("one-row", option, c, conns, args.tasks)
-                    best(cells, await measure(ctx, cell, one_row(), pool, args.batch))
+                    await measure_cell(cells, cell, measure(ctx, cell, one_row(), pool, args.batch))
                 if pgq is not None:
                     system, drain = pgq
                     for shape in system.shapes(c):
@@ -721,19 +739,20 @@ async def postgres(
                     lanes = min(args.io_pool_size, ctx.room - 2)
                     cell = Cell("I/O", option, lanes, f"{lanes} lanes", args.io_lane_tasks)
                     body = io(args.io_wait, write=True)
-                    best(
-                        cells, await measure(ctx, cell, body, batch=max(1, round(1 / args.io_wait)))
-                    )
+                    batch = max(1, round(1 / args.io_wait))  # about a second of work
+                    await measure_cell(cells, cell, measure(ctx, cell, body, batch=batch))
                 else:
                     n = args.io_concurrency
                     cell = Cell("I/O", option, n, f"pool {args.io_pool_size}", args.io_tasks)
                     body = io(args.io_wait, write=option != "C no-DB")
-                    best(cells, await measure(ctx, cell, body, args.io_pool_size))
+                    await measure_cell(cells, cell, measure(ctx, cell, body, args.io_pool_size))
             for option in FAILURE:
                 c = 10 if option == "C" else 1
                 conns = "pool 10" if option == "C" else "1 lane"
                 cell = Cell("failure", option, c, conns, args.writers)
-                best(cells, await measure(ctx, cell, failing(args.fail_at), 10, args.writers))
+                await measure_cell(
+                    cells, cell, measure(ctx, cell, failing(args.fail_at), 10, args.writers)
+                )
     finally:
         if pgq is not None:
             await pgq[0].close()
