@@ -728,7 +728,15 @@ async def postgres(
                 if pgq is not None:
                     system, drain = pgq
                     for shape in system.shapes(c):
-                        rate = await drain(system, "one_row", args.tasks, c, shape)
+                        try:
+                            rate = await drain(system, "one_row", args.tasks, c, shape)
+                        except asyncpg.TooManyConnectionsError:
+                            print(
+                                f"  one-row    pgqueuer c={c:<5} skipped this round ({shape}):"
+                                " the server had no connections left",
+                                flush=True,
+                            )
+                            continue
                         print(f"  one-row    pgqueuer c={c:<5} {rate:10.1f}/s  {shape}", flush=True)
                         if rate > peers.get(c, (0.0, ""))[0]:
                             peers[c] = (rate, shape)
