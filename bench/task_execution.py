@@ -31,8 +31,8 @@ connections read from pg_stat_activity while it runs; (3) --writers tasks in one
 task --fail-at raising after its insert: body calls per task; (4) SQLite: how long an
 app's INSERT on another connection takes while a task awaits before, or after, its write.
 
-    python bench/task_execution.py                # about 4 minutes on a quiet 2-core box
-    python bench/task_execution.py --quick        # about a minute
+    python bench/task_execution.py --tasks 5000   # 12-15 min on a shared, loaded 2-core box
+    python bench/task_execution.py --quick        # 2,000 tasks per drain, one round
 Never a test: the numbers depend on the machine. tests/bench/ runs the smallest form for
 its counts.
 """
