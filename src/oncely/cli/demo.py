@@ -11,6 +11,9 @@ from ..demo import leaderboard as lb
 from ..demo import replay
 from . import EXIT_JOB_FAILED, Context, handled, render
 
+REPLICA = (sys.executable, "-m", "oncely.cli.demo_replica")
+"""How a replica process of the demo starts (see cli/demo_replica.py)."""
+
 WHY = """\
 Why: the try-lock only keeps simultaneous ticks apart; each replica's commit released it for
 the next one. The thread-title sentinel depended on a side effect that failed silently. oncely
@@ -103,7 +106,7 @@ def demo(ctx: click.Context, demo_url: str | None, keep: bool, as_json: bool) ->
             click.echo(line)
 
     with replay.database(url, keep) as (db_url, directory):
-        report = asyncio.run(replay.run_demo(db_url, directory, keep, show))
+        report = asyncio.run(replay.run_demo(db_url, directory, keep, show, REPLICA))
     if as_json:
         click.echo(render.dumps(report.as_dict()))
     else:

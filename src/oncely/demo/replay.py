@@ -13,11 +13,10 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -198,13 +197,16 @@ async def clean(app: Oncely, *, drop_oncely_tables: bool) -> None:
 
 
 class Replica:
-    """A replica process, started now; it ticks once per `turn`, until `close`."""
+    """A replica process, started now; it ticks once per `turn`, until `close`.
 
-    def __init__(self, name: str, url: str) -> None:
+    `command` starts the process (see `replica.serve`); the replica's name is its argument.
+    """
+
+    def __init__(self, name: str, url: str, command: Sequence[str]) -> None:
         self.name = name
         env = {**os.environ, "ONCELY_DATABASE_URL": url}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oncely.demo.replica", name],
+            [*command, name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -279,12 +281,12 @@ def shown(out: list[str], err: list[str], *, failed: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def replicas(url: str) -> Iterator[list[Replica]]:
+def replicas(url: str, command: Sequence[str]) -> Iterator[list[Replica]]:
     """The three replica processes, started at once and ended on the way out."""
     started: list[Replica] = []
     try:
         for name in REPLICAS:
-            started.append(Replica(name, url))
+            started.append(Replica(name, url, command))
         yield started
     finally:
         for replica in started:
@@ -329,13 +331,19 @@ def database(url: str | None, keep: bool) -> Iterator[tuple[str, str | None]]:
 
 
 async def run_demo(
-    url: str, directory: str | None, keep: bool, show: Callable[[str], None]
+    url: str,
+    directory: str | None,
+    keep: bool,
+    show: Callable[[str], None],
+    replica_command: Sequence[str],
 ) -> Report:
-    """Set up, replay the three scenarios, count the effects, and clean up unless `keep`."""
+    """Set up, replay the three scenarios, count the effects, and clean up unless `keep`.
+    `replica_command` starts one replica process (the CLI's, which runs `oncely run`)."""
     app = Oncely(url)
     try:
         had_schema = await app.store.schema_version() is not None
-        with replicas(url) as procs:  # they start up while the database is prepared
+        # The replicas start up while the database is prepared.
+        with replicas(url, replica_command) as procs:
             await prepare(app)
             show(intro(mask_url(url), directory))
             turns = await asyncio.to_thread(replay, procs, show)

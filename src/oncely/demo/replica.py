@@ -1,11 +1,12 @@
 """One replica of the demo, as its own OS process, ticking when the demo says so.
 
-`python -m oncely.demo.replica REPLICA` with the database in $ONCELY_DATABASE_URL (never on
-the command line, where a password would show in `ps`). Each line on stdin, `SCENARIO TIME`,
-is one tick of that scenario at that simulated time; after each tick the replica writes
-`DONE <exit code>` on stdout and `DONE` on stderr. The demo starts the three replicas up front
-and sends each tick in turn, so the interpreter's start-up does not count against the
-simulated minute between replicas.
+The process is `python -m oncely.cli.demo_replica REPLICA` (the `oncely` command lives above
+the demo, so the process that runs it is started from there), with the database in
+$ONCELY_DATABASE_URL (never on the command line, where a password would show in `ps`). Each
+line on stdin, `SCENARIO TIME`, is one tick of that scenario at that simulated time; after each
+tick the replica writes `DONE <exit code>` on stdout and `DONE` on stderr. The demo starts the
+three replicas up front and sends each tick in turn, so the interpreter's start-up does not
+count against the simulated minute between replicas.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -50,22 +52,11 @@ async def tick(scenario: str, replica: str, now: datetime) -> str:
         await engine.dispose()
 
 
-def run_oncely(replica: str, now: str) -> int:
-    """`oncely run leaderboard_close --now NOW`, the real command, in this process."""
-    from ..cli import cli
-
-    os.environ[leaderboard.REPLICA_ENV] = replica
-    try:
-        cli.main(
-            args=["--app", APP_SPEC, "run", "leaderboard_close", "--now", now],
-            prog_name="oncely",
-        )
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
-    return 0
+RunOncely = Callable[[str, str], int]
+"""`oncely run leaderboard_close --now NOW` as replica REPLICA: (replica, now) -> exit code."""
 
 
-def turn(scenario: str, replica: str, now: str) -> int:
+def turn(scenario: str, replica: str, now: str, run_oncely: RunOncely) -> int:
     """One tick; its exit code (0 ok, 1 the tick failed)."""
     try:
         if scenario == leaderboard.ONCELY_SCENARIO:
@@ -77,15 +68,12 @@ def turn(scenario: str, replica: str, now: str) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def serve(argv: list[str], run_oncely: RunOncely) -> int:
+    """Tick on each line of stdin until it closes; `run_oncely` runs oncely's scenario."""
     [replica] = argv
     for line in sys.stdin:  # until the demo closes our stdin
         scenario, now = line.split()
-        code = turn(scenario, replica, now)
+        code = turn(scenario, replica, now, run_oncely)
         print(f"{DONE} {code}", flush=True)
         print(DONE, file=sys.stderr, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
