@@ -27,6 +27,7 @@ ROWS = [
 
 
 @pytest.mark.postgres
+@pytest.mark.timeout(900)  # the benchmark's run may take 300 s
 def test_queue_bench_runs(postgres_database: str) -> None:
     prefix = f"oncely_bench_{os.getpid()}"
     bench = [sys.executable, str(ROOT / "bench" / "queues.py"), "--systems", "oncely"]

@@ -151,6 +151,7 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
     assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]
 
 
+@pytest.mark.timeout(900)  # the soak itself may take 240 s
 def test_queue_tasks_take_effect_once_soak(
     db_url: str, env: dict[str, str], tmp_path: Path
 ) -> None:

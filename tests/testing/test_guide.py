@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from tests.conftest import ROOT
 
+# Each test runs a whole pytest of its own (300 s at most).
+pytestmark = pytest.mark.timeout(600)
+
 GUIDE = ROOT / "docs" / "testing.md"
 BLOCK = re.compile(r"<!-- file: (?P<name>[\w.]+) -->\n```\w*\n(?P<code>.*?)```", re.S)
 

@@ -52,6 +52,7 @@ def conformance(db_url: str, *args: str, timeout: float = 300) -> dict[str, obje
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a conformance run of workers, SIGKILLs and a restart
 def test_nothing_due_is_lost_and_nothing_runs_twice_under_kill9(db_url: str) -> None:
     """Guarantees 1 and 3: 4 workers running 3 every-second jobs (several due at once on one
     database: SQLite's single write lock), one worker SIGKILLed every 2-4 s, Postgres restarted
