@@ -109,13 +109,14 @@ def holder_env(db_url: str, sync_engine: sa.Engine, tmp_path: Path) -> dict[str,
 
 
 def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "oncely", "worker", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("wb") as out:  # the worker writes to its own copy of the file descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "oncely", "worker", *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def held(engine: sa.Engine) -> int:
