@@ -1,11 +1,14 @@
-"""Who is running: the `host:pid` recorded on every claim."""
+"""Who is running: the name recorded on every claim, `$ONCELY_REPLICA` or `host:pid`."""
 
 from __future__ import annotations
 
 import os
 import socket
 
+REPLICA_ENV = "ONCELY_REPLICA"
+
 
 def replica_id() -> str:
-    """This process as `host:pid`, the value of `claimed_by`."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's name for `claimed_by`: `$ONCELY_REPLICA` (e.g. `web-2`), else `host:pid`."""
+    name = os.environ.get(REPLICA_ENV, "").strip()
+    return name or f"{socket.gethostname()}:{os.getpid()}"

@@ -247,9 +247,10 @@ class JobWorker:
         key = ""
         try:
             key = job.key_for(slot)
-            result = await run_slot(
-                self.store, job, slot, key, self.replica, context={"latency_ms": latency_ms}
-            )
+            with events.routine():  # another replica winning the slot is routine: DEBUG
+                result = await run_slot(
+                    self.store, job, slot, key, self.replica, context={"latency_ms": latency_ms}
+                )
         except DatabaseUnavailableError as exc:
             self._unavailable(exc)
             return None

@@ -1,7 +1,8 @@
 """The `oncely` command: parse, call the public API, render. Exit codes:
 
 0  ran, skipped or busy (or the command did what it was asked)
-1  the job raised: its work was rolled back and the slot is free
+1  the job raised: its work was rolled back and the slot is free (with `run --wait`: the
+   holder of a busy slot failed, or still held it when the wait ran out)
 2  usage or configuration error: bad arguments, unknown job, bad --app,
    database unreachable, schema missing
 """
@@ -18,14 +19,15 @@ from typing import Any, TypeVar
 
 import click
 
-from .. import logs
+from .. import events, logs
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
-from ..model import RunStatus
+from ..model import Claim, RunResult, RunStatus
 from . import render
 from .loading import load_app
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE = 0, 1, 2
+LEVELS = ("debug", "info", "warning", "error")
 T = TypeVar("T")
 
 
@@ -118,7 +120,7 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     "--log-level",
     default="info",
     show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=click.Choice(LEVELS),
     help="Level of the log events printed on stderr.",
 )
 @click.option(
@@ -128,6 +130,15 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     type=click.Choice(["text", "json"]),
     help="Log lines as text, or as one JSON object per line (event + fields).",
 )
+@click.option(
+    "--event-level",
+    "event_levels",
+    multiple=True,
+    envvar="ONCELY_EVENT_LEVELS",
+    metavar="EVENT=LEVEL",
+    help="Log one event at another level, e.g. run.skipped=info (repeatable) "
+    "[env ONCELY_EVENT_LEVELS, space-separated].",
+)
 @click.version_option(package_name="oncely")
 @click.pass_context
 def cli(
@@ -136,22 +147,40 @@ def cli(
     database_url: str | None,
     log_level: str,
     log_format: str,
+    event_levels: tuple[str, ...],
 ) -> None:
     """oncely: scheduled and background jobs whose effects happen once."""
     logs.configure(log_level, log_format)
+    for spec in event_levels:
+        event, _, level = spec.partition("=")
+        if not event.strip() or level.strip().lower() not in LEVELS:
+            fail(
+                f"bad --event-level {spec!r}: use EVENT=LEVEL with LEVEL one of "
+                f"{', '.join(LEVELS)}, e.g. run.skipped=info"
+            )
+        events.set_level(event.strip(), level.strip().lower())
     ctx.obj = Context(app_spec, database_url)
 
 
 @cli.command()
 @click.argument("job")
 @click.option("--now", metavar="ISO", help="Run the slot due at this time (default: now).")
+@click.option(
+    "--wait",
+    metavar="DURATION",
+    help="If the slot is busy, wait up to this long (e.g. 300, 90s, 5m) for the holder's "
+    "outcome and exit with it: 0 ran elsewhere, 1 failed elsewhere or still busy.",
+)
 @click.pass_obj
 @handled
-def run(obj: Context, job: str, now: str | None) -> None:
+def run(obj: Context, job: str, now: str | None, wait: str | None) -> None:
     """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes)."""
     at = parse_time(now, "--now")
-    obj.app.registry.job(job)  # unknown job: exit 2 before touching the database
+    patience = parse_wait(wait)
+    known_job(obj.app, job)  # unknown job: exit 2 before touching the database
     result = obj.call(lambda app: app.attempt(job, at))
+    if patience is not None and result.status is RunStatus.BUSY:
+        wait_for_holder(obj, result, patience)
     if result.status is RunStatus.FAILED:
         err = result.error
         if err is not None:
@@ -164,24 +193,92 @@ def run(obj: Context, job: str, now: str | None) -> None:
     click.echo(render.run_line(result))
 
 
+def parse_wait(value: str | None) -> float | None:
+    """`--wait`: seconds (`300`) or a number with a unit (`90s`, `5m`, `1h`); None if absent."""
+    if value is None:
+        return None
+    from .tasks import parse_duration
+
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text, "--wait").total_seconds()
+        except BadInputError:
+            raise BadInputError(
+                f"bad --wait {value!r}: use seconds or a number and a unit, e.g. 300, 90s, 5m"
+            ) from None
+    if not 0 < seconds < 86400 or seconds != seconds:
+        raise BadInputError(f"bad --wait {value!r}: it must be more than 0 and under 24h")
+    return seconds
+
+
+def known_job(app: Oncely, name: str) -> None:
+    """UnknownJobError for a name that is no job; a task's name says to use `enqueue`."""
+    if app.tasks.find(name) is not None and all(j.name != name for j in app.registry):
+        raise BadInputError(
+            f"{name!r} is a task, not a scheduled job: queue a run with "
+            f"`oncely enqueue {name} --json '{{...}}'` (a worker runs it)"
+        )
+    app.registry.job(name)
+
+
+def wait_for_holder(obj: Context, busy: RunResult, patience: float) -> None:
+    """`run --wait` after BUSY: wait for the holder's outcome, print it, exit with it."""
+    from ..identity import replica_id
+    from ..waiting import Held
+    from ..waiting import wait_for_holder as wait
+
+    definition = obj.app.registry.job(busy.job)
+    slot = busy.slot
+    assert slot is not None  # a busy result always names its slot
+    click.echo(render.run_line(busy), err=True)
+    waited = obj.call(
+        lambda app: wait(app.store, definition, slot, busy.key, replica_id(), patience)
+    )
+    line = render.waited_line(busy, waited)
+    if waited.held is Held.RAN:
+        click.echo(line)
+        return
+    click.echo(line, err=True)
+    sys.exit(EXIT_JOB_FAILED)
+
+
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @handled
 def list_jobs(obj: Context, as_json: bool) -> None:
-    """List the jobs: schedule, zone, next slot and last run."""
+    """List the jobs (schedule, zone, next slot, last run) and the tasks (queue, retry, counts)."""
     app = obj.app
-    last = obj.call(lambda a: a.last_runs()) if len(app.registry) else {}
+
+    async def read(a: Oncely) -> tuple[dict[str, Claim], dict[str, dict[str, int]]]:
+        last = await a.last_runs() if len(a.registry) else {}
+        counts = await a.store.tasks.count_by_task() if len(a.tasks) else {}
+        return last, counts
+
+    last, counts = obj.call(read)
     jobs = [(job, app.next_slots(job.name), last.get(job.name)) for job in app.registry]
+    tasks = [(task, counts.get(task.name, {})) for task in app.tasks]
     if as_json:
-        click.echo(render.dumps([render.job_dict(*entry) for entry in jobs]))
+        click.echo(
+            render.dumps(
+                [render.job_dict(*entry) for entry in jobs]
+                + [render.task_def_dict(*entry) for entry in tasks]
+            )
+        )
         return
     headers = ["NAME", "SCHEDULE", "ZONE", "NEXT", "LAST RUN"]
     click.echo(render.table(headers, [render.job_row(*entry) for entry in jobs]))
+    if tasks:
+        click.echo()
+        headers = ["TASK", "QUEUE", "RETRY", "TASKS BY STATE"]
+        click.echo(render.table(headers, [render.task_def_row(*entry) for entry in tasks]))
 
 
 @cli.command("next")
-@click.argument("job")
+@click.argument("job", required=False)
 @click.option(
     "-n",
     "count",
@@ -194,17 +291,29 @@ def list_jobs(obj: Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @handled
-def next_slots(obj: Context, job: str, count: int, after: str | None, as_json: bool) -> None:
-    """Print the next slot times of JOB, one per line, in the job's zone."""
-    slots = obj.app.next_slots(job, parse_time(after, "--after"), count)
-    definition = obj.app.registry.job(job)
+def next_slots(obj: Context, job: str | None, count: int, after: str | None, as_json: bool) -> None:
+    """Print the next slot times of JOB (of every job if none), in the job's zone."""
+    start = parse_time(after, "--after")
+    if job is not None:
+        known_job(obj.app, job)
+    names = [job] if job is not None else [j.name for j in obj.app.registry]
+    found = [(name, obj.app.next_slots(name, start, count)) for name in names]
+    definitions = {name: obj.app.registry.job(name) for name in names}
     if as_json:
-        click.echo(
-            render.dumps([{"slot": render.iso(s), "key": definition.key_for(s)} for s in slots])
-        )
+        data = [
+            {"slot": render.iso(s), "key": definitions[name].key_for(s)}
+            | ({} if job is not None else {"job": name})
+            for name, slots in found
+            for s in slots
+        ]
+        click.echo(render.dumps(data))
         return
-    for slot in slots:
-        click.echo(render.iso(slot))
+    if job is not None:
+        for slot in found[0][1]:
+            click.echo(render.iso(slot))
+        return
+    rows = [[name, render.iso(s)] for name, slots in found for s in slots]
+    click.echo(render.table(["JOB", "NEXT"], rows))
 
 
 @cli.command()
@@ -222,13 +331,14 @@ def next_slots(obj: Context, job: str, count: int, after: str | None, as_json: b
 def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
     """Show claims newest first: who ran each slot, when, and for how long."""
     claims = obj.call(lambda app: app.store.history(job, limit))
+    known = {j.name: j for j in obj.app.registry}
     if as_json:
-        click.echo(render.dumps([render.claim_dict(c) for c in claims]))
+        click.echo(render.dumps([render.claim_dict(c, known.get(c.job)) for c in claims]))
         return
     click.echo(
         render.table(
             ["JOB", "KEY", "SLOT", "CLAIMED BY", "CLAIMED AT", "DURATION"],
-            render.history_rows(claims),
+            render.history_rows(claims, known),
         )
     )
 

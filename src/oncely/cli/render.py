@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..model import Claim, RunResult, RunStatus, TaskRecord
+from ..model import Claim, RunResult, RunStatus, TaskRecord, TaskState
 from ..registry import Job
+from ..retry import RetryPolicy
+from ..tasks import Task
+from ..waiting import Held, Waited
 
 
 def iso(t: datetime | None) -> str:
@@ -69,12 +72,16 @@ def claim_dict(claim: Claim, job: Job | None = None) -> dict[str, Any]:
     }
 
 
-def history_rows(claims: Sequence[Claim]) -> list[list[str]]:
-    """`oncely history` rows: job, key, slot, claimed_by, claimed_at, duration."""
-    return [
-        [c.job, c.key, iso(c.scheduled_for), c.claimed_by, iso(c.claimed_at), ms(c.duration)]
-        for c in claims
-    ]
+def history_rows(claims: Sequence[Claim], jobs: Mapping[str, Job]) -> list[list[str]]:
+    """`oncely history` rows: job, key, slot (in its job's zone), by, at, duration."""
+    rows = []
+    for c in claims:
+        slot = c.scheduled_for
+        job = jobs.get(c.job)
+        if slot is not None and job is not None:
+            slot = slot.astimezone(job.schedule.zone)
+        rows.append([c.job, c.key, iso(slot), c.claimed_by, iso(c.claimed_at), ms(c.duration)])
+    return rows
 
 
 def dumps(data: Any) -> str:
@@ -85,6 +92,7 @@ def dumps(data: Any) -> str:
 def job_dict(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> dict[str, Any]:
     """A job for `oncely list --json`."""
     return {
+        "kind": "job",
         "name": job.name,
         "schedule": job.schedule.describe(),
         "zone": str(job.schedule.zone),
@@ -126,7 +134,9 @@ def task_dict(rec: TaskRecord) -> dict[str, Any]:
         "finished_at": rec.finished_at.isoformat() if rec.finished_at else None,
         "locked_by": rec.locked_by,
         "lease_expires_at": rec.lease_expires_at.isoformat() if rec.lease_expires_at else None,
-        "error": rec.error,
+        # A task that succeeded after failing keeps its earlier attempt's error, not as its own.
+        "error": None if rec.state is TaskState.SUCCEEDED else rec.error,
+        "earlier_error": rec.error if rec.state is TaskState.SUCCEEDED else None,
     }
 
 
@@ -134,7 +144,7 @@ def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
     """`oncely tasks` rows: id, task, state, attempt, run at / finished, key, last error."""
     rows = []
     for r in records:
-        error = (r.error or "").split("\n", 1)[0]
+        error = "" if r.state is TaskState.SUCCEEDED else (r.error or "").split("\n", 1)[0]
         when = r.finished_at if r.finished_at is not None else r.run_at
         rows.append(
             [
@@ -148,3 +158,46 @@ def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def waited_line(busy: RunResult, waited: Waited) -> str:
+    """The line `oncely run --wait` prints once the busy slot's holder is done (or not)."""
+    head = f"{busy.job} slot {iso(busy.slot)} key {busy.key}"
+    took = f"after waiting {waited.waited:.1f} s"
+    if waited.held is Held.RAN and waited.claim is not None:
+        by = f"{waited.claim.claimed_by} at {iso(waited.claim.claimed_at)}"
+        return f"skipped {head}: ran elsewhere (claimed by {by}), {took}"
+    if waited.held is Held.FAILED:
+        return f"failed {head}: failed elsewhere (rolled back; the slot is free), {took}"
+    return f"busy {head}: still running elsewhere {took}; outcome unknown"
+
+
+def retry_text(policy: RetryPolicy) -> str:
+    """A retry policy in a few words, e.g. `25 attempts, polynomial from 15 s, +/-10 %`."""
+    if policy.attempts == 1:
+        return "1 attempt, no retry"
+    wait = getattr(policy, "_wait_func", None)
+    base = "a custom wait" if wait is not None else f"{policy.backoff} from {policy._wait:g} s"
+    jitter = f", +/-{policy.jitter * 100:g} %" if policy.jitter else ""
+    return f"{policy.attempts} attempts, {base}{jitter}"
+
+
+def state_counts(counts: Mapping[str, int]) -> str:
+    """Task counts by state, e.g. `available 3, dead 1`; `none` for no rows."""
+    return ", ".join(f"{state} {n}" for state, n in sorted(counts.items())) or "none"
+
+
+def task_def_dict(task: Task, counts: Mapping[str, int]) -> dict[str, Any]:
+    """A registered task for `oncely list --json`."""
+    return {
+        "kind": "task",
+        "name": task.name,
+        "queue": task.queue,
+        "retry": retry_text(task.retry),
+        "counts": dict(sorted(counts.items())),
+    }
+
+
+def task_def_row(task: Task, counts: Mapping[str, int]) -> list[str]:
+    """A task's row of `oncely list`."""
+    return [task.name, task.queue, retry_text(task.retry), state_counts(counts)]

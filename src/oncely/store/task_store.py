@@ -572,3 +572,10 @@ class TaskStore:
     async def count(self) -> dict[str, int]:
         """How many tasks are in each state."""
         return {r[0]: int(r[1]) for r in await self.store._read(tasks_sql.counts())}
+
+    async def count_by_task(self) -> dict[str, dict[str, int]]:
+        """For each task name that has rows: how many are in each state."""
+        found: dict[str, dict[str, int]] = {}
+        for name, state, n in await self.store._read(tasks_sql.counts_by_task()):
+            found.setdefault(name, {})[state] = int(n)
+        return found

@@ -251,6 +251,13 @@ def counts() -> sa.Select[Any]:
     return sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state)
 
 
+def counts_by_task() -> sa.Select[Any]:
+    """How many tasks each task name has in each state (`oncely list`)."""
+    return sa.select(tasks.c.task, tasks.c.state, sa.func.count()).group_by(
+        tasks.c.task, tasks.c.state
+    )
+
+
 def clear() -> sa.Delete:
     """Delete every task (test databases only)."""
     return sa.delete(tasks)

@@ -1,0 +1,61 @@
+"""`oncely run --wait`: a run that found its slot busy waits for the holder's outcome.
+
+The holder either commits (its claim appears: the slot ran elsewhere) or rolls back (the
+slot is free again, unclaimed: it failed elsewhere, or its process died). Each poll reads the
+claim, and when there is none probes the slot's lock the way an attempt takes it, rolling the
+probe back at once, so waiting never claims, never runs the job and never blocks the holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from .model import Claim
+from .registry import Job
+from .store import Store
+from .store.dialect import ClaimOutcome
+
+POLL = 0.2
+"""Seconds between two looks at a busy slot."""
+
+
+class Held(enum.Enum):
+    """How a wait for a busy slot ended."""
+
+    RAN = "ran elsewhere"
+    FAILED = "failed elsewhere"
+    STILL_BUSY = "still busy"
+
+
+@dataclass(frozen=True)
+class Waited:
+    """The holder's outcome, its claim when it ran, and how long the wait took (seconds)."""
+
+    held: Held
+    claim: Claim | None
+    waited: float
+
+
+async def wait_for_holder(
+    store: Store, job: Job, slot: datetime, key: str, replica: str, timeout: float
+) -> Waited:
+    """Poll a busy slot until its holder commits or rolls back, or `timeout` seconds pass."""
+    started = time.monotonic()
+    while True:
+        claim = await store.get_claim(job.name, key)
+        if claim is not None:
+            return Waited(Held.RAN, claim, time.monotonic() - started)
+        async with store.attempt() as session:
+            outcome = await store.lock_and_claim(session, job.name, key, slot, replica)
+            await store.abandon(session)  # a probe: never keep the claim
+        if outcome is ClaimOutcome.TAKEN:
+            continue  # committed between the read and the probe: read it
+        if outcome is ClaimOutcome.CLAIMED:
+            return Waited(Held.FAILED, None, time.monotonic() - started)
+        if time.monotonic() - started >= timeout:
+            return Waited(Held.STILL_BUSY, None, time.monotonic() - started)
+        await asyncio.sleep(POLL)
