@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from export_helpers import oncely
+from export_helpers import HERE, oncely
 from export_std_cron import fires
 from export_strategies import cron_expressions
 from hypothesis import HealthCheck, assume, given, settings
@@ -174,7 +174,7 @@ def test_kubernetes_json_is_one_list_document_and_refusals_exit_2() -> None:
     refused = oncely("export", "kubernetes", "--image", "app:1", "--job", "month_end")
     assert refused.returncode == 2 and refused.stdout == ""
     assert "job 'month_end': Kubernetes CronJob cannot express `L`" in refused.stderr
-    every_job = oncely("export", "kubernetes", "--image", "app:1")  # all jobs: some refused
+    every_job = oncely("export", "kubernetes", "--image", "app:1", "--strict")  # some refused
     assert every_job.returncode == 2 and every_job.stdout == ""
     unknown = oncely("export", "kubernetes", "--image", "app:1", "--job", "nope")
     assert unknown.returncode == 2 and unknown.stdout == ""
@@ -186,18 +186,24 @@ def test_crontab_groups_jobs_under_cron_tz() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     at = lines.index("CRON_TZ=America/Mexico_City")
-    assert lines[at + 2] == "0 18 * * 5 /srv/app/bin/oncely --app exportapp run leaderboard_close"
+    assert lines[at + 2] == (
+        f"0 18 * * 5 cd {HERE} && /srv/app/bin/oncely --app exportapp run leaderboard_close"
+    )
     assert "CRON_TZ=UTC" in lines and "CRON_TZ=Asia/Kolkata" in lines
-    assert "0 */2 * * * /srv/app/bin/oncely --app exportapp run every_two_hours" in result.stdout
+    assert "0 */2 * * * cd " in result.stdout
+    assert "/srv/app/bin/oncely --app exportapp run every_two_hours\n" in result.stdout
     assert "warning: job 'nightly_230': crontab in America/New_York" in result.stderr
     data = json.loads(
-        oncely("export", "crontab", "--format", "json", "--job", "quarter_hours").stdout
-    )
+        oncely(
+            "export", "crontab", "--format", "json", "--job", "quarter_hours",
+            "--oncely", "oncely", "--working-directory", "/srv/app",
+        ).stdout
+    )  # fmt: skip
     assert data["entries"] == [
         {
             "job": "quarter_hours",
             "cron_tz": "UTC",
-            "line": "*/15 9-17 * 1-3,10 * oncely --app exportapp run quarter_hours",
+            "line": "*/15 9-17 * 1-3,10 * cd /srv/app && oncely --app exportapp run quarter_hours",
         }
     ]
     refused = oncely("export", "crontab", "--job", "every_seven_minutes")

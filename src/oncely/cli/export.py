@@ -1,13 +1,17 @@
 """`oncely export TARGET`: write an external scheduler's configuration from the registry.
 
 Each target prints its configuration on stdout (or one JSON document with --format json) and
-any DST warnings on stderr; a schedule the target cannot express exactly is refused (exit 2)
-and nothing is printed.
+any DST warnings on stderr. A job whose schedule the target cannot express exactly is left out
+with a warning naming it and why (exit 0); with --strict, or when no job is left, nothing is
+printed and the exit code is 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -15,7 +19,7 @@ import click
 from ..clock import utcnow
 from ..errors import BadInputError
 from ..export import crontab, eventbridge, kubernetes, systemd
-from ..export.base import Export
+from ..export.base import Export, UnsupportedScheduleError, partition
 from ..registry import Job
 from . import Context, handled
 
@@ -38,6 +42,60 @@ def _jobs(obj: Context, names: Sequence[str]) -> list[Job]:
     return jobs
 
 
+_strict_option = click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse (exit 2, nothing written) if any job cannot be expressed, instead of "
+    "leaving it out with a warning.",
+)
+
+
+def _program() -> str:
+    """The full path of this `oncely` (cron and systemd start with a bare PATH)."""
+    beside = Path(sys.executable).parent / "oncely"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("oncely")
+    return str(Path(found).absolute()) if found else "oncely"
+
+
+_program_option = click.option(
+    "--oncely",
+    "executable",
+    metavar="PATH",
+    help="The oncely program the entries start [default: this one's full path].",
+)
+
+
+def _reason(exc: UnsupportedScheduleError) -> str:
+    return str(exc).split(": ", 1)[1] if ": " in str(exc) else str(exc)
+
+
+def _exportable(
+    obj: Context, names: Sequence[str], strict: bool, build: Callable[[Sequence[Job]], Export]
+) -> Export:
+    """Build the target's output for the jobs it can express; refuse or warn about the rest."""
+    jobs = _jobs(obj, names)
+    kept, refused = partition(jobs, build)
+    if refused and (strict or not kept):
+        why = "; ".join(str(exc) for exc in refused)
+        if len(refused) == 1 and not kept:
+            raise BadInputError(f"{why}; nothing written (pick the jobs to export with --job NAME)")
+        left = "--strict" if strict else "no job left"
+        raise BadInputError(
+            f"{len(refused)} of {len(jobs)} jobs cannot be exported, nothing written ({left}): "
+            f"{why}; pick the jobs to export with --job NAME"
+        )
+    result = build(kept)
+    for exc in refused:
+        result.warnings.insert(
+            0,
+            f"skipped job {exc.job!r}: {_reason(exc)} "
+            "(the others are exported; pick jobs with --job NAME, or refuse with --strict)",
+        )
+    return result
+
+
 def _emit(result: Export) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -55,6 +113,7 @@ def export_group() -> None:
 
 @export_group.command("eventbridge")
 @_jobs_option
+@_strict_option
 @click.option(
     "--format",
     "fmt",
@@ -83,6 +142,7 @@ def export_group() -> None:
 def export_eventbridge(
     obj: Context,
     job_names: tuple[str, ...],
+    strict: bool,
     fmt: str,
     cluster: str,
     task_definition: str,
@@ -109,11 +169,15 @@ def export_eventbridge(
         max_event_age=max_event_age,
         app_spec=obj.app_spec,
     )
-    _emit(eventbridge.export(_jobs(obj, job_names), target, fmt, utcnow()))
+    now = utcnow()
+    _emit(
+        _exportable(obj, job_names, strict, lambda jobs: eventbridge.export(jobs, target, fmt, now))
+    )
 
 
 @export_group.command("kubernetes")
 @_jobs_option
+@_strict_option
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml")
 @click.option("--image", required=True, help="Container image with your app and oncely.")
 @click.option("--namespace", help="Namespace of the CronJobs.")
@@ -126,6 +190,7 @@ def export_eventbridge(
 def export_kubernetes(
     obj: Context,
     job_names: tuple[str, ...],
+    strict: bool,
     fmt: str,
     image: str,
     namespace: str | None,
@@ -144,26 +209,49 @@ def export_kubernetes(
         service_account=service_account,
         env_from_secret=env_from_secret,
     )
-    _emit(kubernetes.export(_jobs(obj, job_names), pod, fmt, utcnow()))
+    now = utcnow()
+    _emit(_exportable(obj, job_names, strict, lambda jobs: kubernetes.export(jobs, pod, fmt, now)))
 
 
 @export_group.command("crontab")
 @_jobs_option
+@_strict_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option("--oncely", "executable", default="oncely", show_default=True, help="Command path.")
+@_program_option
+@click.option(
+    "--working-directory",
+    metavar="DIR",
+    help="Directory each line changes to first [default: the current one].",
+)
 @click.pass_obj
 @handled
-def export_crontab(obj: Context, job_names: tuple[str, ...], fmt: str, executable: str) -> None:
+def export_crontab(
+    obj: Context,
+    job_names: tuple[str, ...],
+    strict: bool,
+    fmt: str,
+    executable: str | None,
+    working_directory: str | None,
+) -> None:
     """A crontab with a CRON_TZ line per zone."""
-    result = crontab.export(_jobs(obj, job_names), executable, obj.app_spec, fmt, utcnow())
-    _emit(result)
+    program, where, now = executable or _program(), working_directory or os.getcwd(), utcnow()
+
+    def build(jobs: Sequence[Job]) -> Export:
+        return crontab.export(jobs, program, obj.app_spec, fmt, now, where)
+
+    _emit(_exportable(obj, job_names, strict, build))
 
 
 @export_group.command("systemd")
 @_jobs_option
+@_strict_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option("--oncely", "executable", default="oncely", show_default=True, help="Command path.")
-@click.option("--working-directory", metavar="DIR", help="WorkingDirectory= of the services.")
+@_program_option
+@click.option(
+    "--working-directory",
+    metavar="DIR",
+    help="WorkingDirectory= of the services [default: the current directory].",
+)
 @click.option("--environment-file", metavar="FILE", help="EnvironmentFile= of the services.")
 @click.option("--user", help="User= of the services.")
 @click.option(
@@ -176,16 +264,18 @@ def export_crontab(obj: Context, job_names: tuple[str, ...], fmt: str, executabl
 def export_systemd(
     obj: Context,
     job_names: tuple[str, ...],
+    strict: bool,
     fmt: str,
-    executable: str,
+    executable: str | None,
     working_directory: str | None,
     environment_file: str | None,
     user: str | None,
     output_dir: Path | None,
 ) -> None:
     """A .timer + .service pair per job (OnCalendar= in the job's zone, Persistent=true)."""
-    unit = systemd.Unit(executable, obj.app_spec, working_directory, environment_file, user)
-    result = systemd.export(_jobs(obj, job_names), unit, fmt, utcnow())
+    program, where, now = executable or _program(), working_directory or os.getcwd(), utcnow()
+    unit = systemd.Unit(program, obj.app_spec, where, environment_file, user)
+    result = _exportable(obj, job_names, strict, lambda jobs: systemd.export(jobs, unit, fmt, now))
     if output_dir is None:
         _emit(result)
         return

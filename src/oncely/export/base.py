@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from enum import Enum
@@ -334,6 +334,22 @@ def dst_warning(
             "`oncely run` maps each to a slot already claimed, so it has no second effect"
         )
     return f"job {job.name!r}: {target} in {zone} " + "; ".join(parts)
+
+
+def partition(
+    jobs: Sequence[Job], build: Callable[[Sequence[Job]], object]
+) -> tuple[list[Job], list[UnsupportedScheduleError]]:
+    """The jobs a target can express (each built alone by `build`) and the refusals of the rest."""
+    kept: list[Job] = []
+    refused: list[UnsupportedScheduleError] = []
+    for job in jobs:
+        try:
+            build([job])
+        except UnsupportedScheduleError as exc:
+            refused.append(exc)
+        else:
+            kept.append(job)
+    return kept, refused
 
 
 @dataclass

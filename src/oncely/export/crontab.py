@@ -25,20 +25,34 @@ from .base import (
 TARGET = "crontab"
 
 
-def line(job: Job, executable: str, app_spec: str | None) -> tuple[str, str]:
-    """The job's (zone, crontab line); `%` is escaped because cron turns it into a newline."""
+def line(
+    job: Job, executable: str, app_spec: str | None, working_directory: str | None = None
+) -> tuple[str, str]:
+    """The job's (zone, crontab line); `%` is escaped because cron turns it into a newline.
+
+    With a working directory the line first changes to it (cron starts in $HOME), so an
+    `--app module:attr` importable from there is found.
+    """
     schedule = cron_schedule(job, TARGET)
     argv = command(job.name, app_spec)
     argv[0] = executable
-    cmd = " ".join(shlex.quote(a) for a in argv).replace("%", "\\%")
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    if working_directory:
+        cmd = f"cd {shlex.quote(working_directory)} && {cmd}"
+    cmd = cmd.replace("%", "\\%")
     return schedule.tz, f"{standard_cron(job, cron_fields(schedule.expr), TARGET)} {cmd}"
 
 
 def export(
-    jobs: Sequence[Job], executable: str, app_spec: str | None, fmt: str, now: datetime
+    jobs: Sequence[Job],
+    executable: str,
+    app_spec: str | None,
+    fmt: str,
+    now: datetime,
+    working_directory: str | None = None,
 ) -> Export:
     """A crontab (grouped by zone) or one JSON document of its entries."""
-    entries = [(job, *line(job, executable, app_spec)) for job in jobs]
+    entries = [(job, *line(job, executable, app_spec, working_directory)) for job in jobs]
     warnings = [
         w
         for job in jobs
