@@ -37,6 +37,7 @@ def _run_guide(tmp_path: Path, *args: str, write: bool = True) -> subprocess.Com
             "test_article.py",
             "test_once.py",
             "test_task.py",
+            "test_engine_app.py",
         } <= set(names)
     plugin = (
         []
@@ -57,14 +58,14 @@ def _run_guide(tmp_path: Path, *args: str, write: bool = True) -> subprocess.Com
 def test_the_guide_passes_on_sqlite(tmp_path: Path) -> None:
     proc = _run_guide(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"\b11 passed\b", proc.stdout), proc.stdout[-2000:]
+    assert re.search(r"\b13 passed\b", proc.stdout), proc.stdout[-2000:]
 
 
 @pytest.mark.postgres
 def test_the_guide_passes_on_postgres(tmp_path: Path, postgres_database: str) -> None:
     proc = _run_guide(tmp_path, "--oncely-db-url", postgres_database)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"\b11 passed\b", proc.stdout), proc.stdout[-2000:]
+    assert re.search(r"\b13 passed\b", proc.stdout), proc.stdout[-2000:]
 
 
 def test_the_guide_fails_with_a_handler_that_is_not_idempotent(tmp_path: Path) -> None:

@@ -90,6 +90,12 @@ class Deliveries(Sequence[Delivery]):
         ran = self.statuses.count("ran")
         if ran != 1:
             problems.append(f"{ran} deliveries ran (expected 1)")
+        if self.statuses and all(s == "skipped" for s in self.statuses):
+            problems.append(
+                "every delivery found its slot or key claimed before the test: the app's "
+                "database is not the one the test prepared, or its ledger was not emptied "
+                "(see using_database and prepare_database)"
+            )
         others = [d for d in self.deliveries if d.status not in NO_EFFECT | {"ran"}]
         for d in others:
             problems.append(f"a delivery {d.status}: {d.error or d.exit_code}")
