@@ -2,7 +2,7 @@
 
 Nothing else in oncely knows metrics exist: every number here comes from the same event that
 writes the log line, so a counter and a log line never disagree. Install with the extra
-`pip install 'oncely[metrics]'` (prometheus-client), then either
+the `metrics` extra (prometheus-client: `pip install prometheus-client`), then either
 
     oncely.metrics.install()          # into prometheus_client's default registry, or
     oncely.metrics.serve(9464)        # install and serve /metrics on 127.0.0.1:9464
@@ -223,7 +223,8 @@ def _prometheus() -> Any:
         import prometheus_client
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
-            "oncely's metrics need prometheus-client: pip install 'oncely[metrics]'"
+            "oncely's metrics need prometheus-client: pip install prometheus-client "
+            "(what oncely's `metrics` extra installs)"
         ) from exc
     return prometheus_client
 

@@ -95,7 +95,7 @@ def normalize_url(url: str) -> str:
 
 
 def sync_url(url: str) -> str:
-    """The same database with a synchronous driver: psycopg2 (else psycopg 3), or pysqlite."""
+    """The same database with a synchronous driver: psycopg2, psycopg 3 (`sync`), or pysqlite."""
     parsed = make_url(normalize_url(url))
     if parsed.get_backend_name() == "sqlite":
         return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
@@ -103,8 +103,8 @@ def sync_url(url: str) -> str:
         if importlib.util.find_spec(module) is not None:
             return parsed.set(drivername=driver).render_as_string(hide_password=False)
     raise ConfigError(
-        "synchronous effects on Postgres need a sync driver: pip install 'oncely[sync]' "
-        "(psycopg2), or install psycopg"
+        "synchronous effects on Postgres need a sync driver: pip install 'psycopg[binary]' "
+        "(psycopg 3, what oncely's `sync` extra installs), or psycopg2"
     )
 
 
