@@ -76,6 +76,7 @@ def test_doc_examples_run(doc: Path, tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
     }
     env.pop("ONCELY_APP", None)
+    env.pop("DATABASE_URL", None)  # the how-tos read it; here they run on SQLite
     for n, block in enumerate(b for b in blocks(doc) if b.mark == "runnable"):
         where = f"{doc.relative_to(ROOT)}:{block.line}"
         if block.file:
@@ -159,3 +160,18 @@ def test_metrics_page_lists_every_metric_and_event() -> None:
         assert f"`{name}`" in text, name
     for event in metrics.EVENTS:
         assert f"`{event}`" in text, event
+
+
+def test_readme_says_what_the_full_suite_needs() -> None:
+    """How long it takes, the Postgres user and database, every system package CI installs."""
+    text = (ROOT / "README.md").read_text()
+    assert re.search(r"about \d+ minutes", text)
+    assert "as the\nuser `postgres`" in text or "user `postgres`" in text.replace("\n", " ")
+    flat = " ".join(text.split())
+    assert "`127.0.0.1:5432`" in flat and "database `postgres`" in flat
+    assert "`oncely_test_<pid>`" in flat
+    ci = (ROOT / ".ci" / "run").read_text()
+    packages = re.findall(r"apt-get install -y -qq (\S+)", ci)
+    assert packages, "CI installs no system packages?"
+    for package in packages:
+        assert f"`{package}`" in flat, package

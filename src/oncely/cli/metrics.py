@@ -33,7 +33,7 @@ def metrics_options(func: F) -> F:
         envvar="ONCELY_METRICS_PORT",
         metavar="PORT",
         help="Serve Prometheus metrics at http://HOST:PORT/metrics "
-        "(needs oncely[metrics]) [env ONCELY_METRICS_PORT].",
+        "(needs prometheus-client: the metrics extra) [env ONCELY_METRICS_PORT].",
     )(func)
     return func
 
