@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from tests.conftest import IN_CI, ROOT, _reset_postgres, _sync_url
 from tests.docs.test_docs import blocks
 
-pytestmark = pytest.mark.install
+# Each builds a venv and installs from PyPI: minutes on a busy machine.
+pytestmark = [pytest.mark.install, pytest.mark.timeout(1200)]
 
 DOCKERFILE_DOCS = [ROOT / "docs" / "deploy-aws.md", ROOT / "docs" / "deploy-kubernetes.md"]
 
