@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from . import locks
 from .errors import ConfigError, UnknownJobError
 from .schedule import Schedule, default_key
 
@@ -106,6 +107,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
+        self._lock_keys: dict[tuple[int, int], str] = {}
 
     def add_job(
         self,
@@ -141,8 +143,16 @@ class Registry:
         _check_policy(job_name, catch_up, grace, overlap)
         if job_name in self._jobs:
             raise ConfigError(f"job {job_name!r} is registered twice")
+        lock_key = locks.job_lock_key(job_name)
+        other = self._lock_keys.get(lock_key)
+        if other is not None:
+            # Odds 2**-64 per pair; if it ever happens, one would block the other's slots.
+            raise ConfigError(
+                f"jobs {other!r} and {job_name!r} share one advisory-lock key: rename one of them"
+            )
         job = Job(job_name, schedule, func, key, catch_up, grace, overlap)  # type: ignore[arg-type]
         self._jobs[job_name] = job
+        self._lock_keys[lock_key] = job_name
         return job
 
     def job(self, name: str) -> Job:
