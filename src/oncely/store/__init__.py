@@ -32,9 +32,11 @@ from ..errors import (
     BadInputError,
     ConfigError,
     DatabaseError,
+    DatabaseReadOnlyError,
     DatabaseUnavailableError,
     OncelyError,
     SchemaMissingError,
+    SchemaTooNewError,
 )
 from ..model import Claim
 from . import sql, tasks_sql
@@ -230,6 +232,16 @@ class Store:
             return SchemaMissingError(
                 f"oncely's tables are missing in {self.display_url}: run `oncely migrate`"
             )
+        if self.dialect.is_read_only(exc):
+            return DatabaseReadOnlyError(
+                f"the database at {self.display_url} is read-only: oncely writes its claims "
+                f"and tasks there ({_driver_message(exc)})"
+            )
+        if self.dialect.is_schema_problem(exc):
+            return DatabaseError(
+                f"oncely's tables in {self.display_url} do not have the columns this oncely "
+                f"uses ({_driver_message(exc)}): were they changed by hand?"
+            )
         if self.dialect.is_unavailable(exc):
             return self._unavailable(exc)
         if isinstance(exc, sa.exc.DBAPIError) and (
@@ -258,6 +270,8 @@ class Store:
                 await self.dialect.lock_migrations(conn)
                 await conn.run_sync(schema_versions.create, checkfirst=True)
                 current = (await conn.execute(sql.schema_version())).scalar() or 0
+                if current > LATEST:
+                    raise self._too_new(current)
                 for version, _what, step in MIGRATIONS:
                     if version > current:
                         await conn.run_sync(step)
@@ -277,9 +291,24 @@ class Store:
             return None
         return int(value) if value is not None else None
 
-    async def ensure_schema(self) -> None:
+    def _too_new(self, version: int) -> SchemaTooNewError:
+        return SchemaTooNewError(
+            f"oncely's tables in {self.display_url} are at schema version {version}, newer "
+            f"than this oncely knows (up to {LATEST}): upgrade oncely to the release that "
+            "migrated them"
+        )
+
+    async def ensure_schema(self, *, writes: bool = False) -> None:
         """Raise SchemaMissingError unless the database is at a version this oncely runs on
-        (`migrations.REQUIRED` or later; checked once)."""
+        (`migrations.REQUIRED` up to `LATEST`; checked once); SchemaTooNewError if newer.
+
+        With `writes` (a worker starting), also DatabaseReadOnlyError if the database cannot
+        be written: waiting would not help, unlike an outage.
+        """
+        if writes:
+            with self.translate():
+                async with self.engine.connect() as conn:
+                    await self.dialect.probe_writes(conn)
         if self._schema_checked:
             return
         version = await self.schema_version()
@@ -292,6 +321,8 @@ class Store:
                 f"oncely's tables in {self.display_url} are at version {version}, this oncely "
                 f"needs {LATEST}: run `oncely migrate`"
             )
+        if version > LATEST:
+            raise self._too_new(version)
         self._schema_checked = True
 
     # -- one attempt --------------------------------------------------------------------

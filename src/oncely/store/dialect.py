@@ -153,6 +153,18 @@ class Dialect(abc.ABC):
         """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
         return False
 
+    def is_read_only(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database refuses every write (not an outage)."""
+        return False
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        """Whether a driver error means oncely's tables lack a column or table it uses."""
+        return False
+
+    async def probe_writes(self, conn: AsyncConnection) -> None:
+        """Raise the driver's error if the database refuses writes; change nothing."""
+        return None
+
     database_clock = False
     """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
 

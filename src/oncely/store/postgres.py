@@ -66,6 +66,8 @@ PING_TIMEOUT_S = 10.0
 _CHECKED_IN_AT = "oncely_checked_in_at"
 
 _MISSING_TABLE = "42P01"  # undefined_table
+_MISSING_COLUMN = "42703"  # undefined_column
+_READ_ONLY = "25006"  # read_only_sql_transaction (a standby, default_transaction_read_only)
 # SQLSTATEs that mean "no usable connection": connection exceptions, failed authentication,
 # a database that does not exist, a server shutting down or starting, too many connections.
 _UNAVAILABLE_PREFIXES = ("08", "28", "3D", "57P", "53300")
@@ -351,6 +353,12 @@ class PostgresDialect(Dialect):
 
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
+
+    def is_read_only(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) == _READ_ONLY
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) == _MISSING_COLUMN and "oncely_" in str(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
         if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):
