@@ -143,7 +143,11 @@ class Oncely:
     # -- running ------------------------------------------------------------------------
 
     async def attempt(self, job: str, now: datetime | None = None) -> RunResult:
-        """Run the slot due at `now` once if nobody has; a job's error comes back as `failed`."""
+        """Run the slot due at `now` (default: the database's clock) once if nobody has; a job's
+        error comes back as `failed`."""
+        if now is None:
+            self.registry.job(job)  # an unknown job fails before touching the database
+            now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         slot = self.slot(job, now)
         await self.store.ensure_schema()
         return await run_slot(self.store, self.registry.job(job), slot.at, slot.key, replica_id())

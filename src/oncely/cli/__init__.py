@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import click
 
-from .. import logs
+from .. import clock, events, logs
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
-from ..model import RunStatus
+from ..model import RunResult, RunStatus
 from . import render
 from .loading import load_app
 
@@ -142,16 +143,64 @@ def cli(
     ctx.obj = Context(app_spec, database_url)
 
 
+def _span(delta: timedelta) -> str:
+    """A rough, readable length of time: 90s, 45m, 30h, 3d."""
+    seconds = delta.total_seconds()
+    for unit, size, above in (("d", 86400, 172800), ("h", 3600, 7200), ("m", 60, 120)):
+        if seconds >= above:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+async def _refuse_future(app: Oncely, job: str, at: datetime, option: str, allow: bool) -> None:
+    """Refuse a slot later than the database's clock (beyond clock.FUTURE_SKEW) unless
+    `allow`: run early, its claim would make the real slot skip when it comes due."""
+    slot = app.slot(job, at)
+    db_now = await app.store.database_time()
+    ahead = slot.at - db_now
+    if ahead <= clock.FUTURE_SKEW:
+        return
+    if not allow:
+        raise BadInputError(
+            f"{option} {at.isoformat()} names the slot {slot.at.isoformat()}, which is "
+            f"{_span(ahead)} ahead of the database's clock ({db_now.isoformat()}): "
+            "running it now would claim it early, and the real slot would then be skipped; "
+            "pass --allow-future to run it on purpose"
+        )
+    events.emit(
+        "run.future_allowed",
+        "running a future slot on purpose (--allow-future): it will be skipped when due",
+        level=logging.WARNING,
+        job=job,
+        key=slot.key,
+        slot=slot.at.isoformat(),
+        database_now=db_now.isoformat(),
+    )
+
+
 @cli.command()
 @click.argument("job")
-@click.option("--now", metavar="ISO", help="Run the slot due at this time (default: now).")
+@click.option(
+    "--now", metavar="ISO", help="Run the slot due at this time (default: the database's now)."
+)
+@click.option(
+    "--allow-future",
+    is_flag=True,
+    help="Run a --now slot that is still in the future (it is then skipped when it comes due).",
+)
 @click.pass_obj
 @handled
-def run(obj: Context, job: str, now: str | None) -> None:
+def run(obj: Context, job: str, now: str | None, allow_future: bool) -> None:
     """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes)."""
     at = parse_time(now, "--now")
     obj.app.registry.job(job)  # unknown job: exit 2 before touching the database
-    result = obj.call(lambda app: app.attempt(job, at))
+
+    async def go(app: Oncely) -> RunResult:
+        if at is not None:
+            await _refuse_future(app, job, at, "--now", allow_future)
+        return await app.attempt(job, at)
+
+    result = obj.call(go)
     if result.status is RunStatus.FAILED:
         err = result.error
         if err is not None:
