@@ -4,6 +4,8 @@
 1  the job raised: its work was rolled back and the slot is free
 2  usage or configuration error: bad arguments, unknown job, bad --app,
    database unreachable, schema missing
+3  outcome unknown: the connection was lost during COMMIT and what it wrote could not be
+   read back (it may or may not have committed; `oncely history` / `oncely tasks` tell)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..model import RunResult, RunStatus
 from . import render
 from .loading import load_app
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 T = TypeVar("T")
 
 
@@ -201,6 +203,9 @@ def run(obj: Context, job: str, now: str | None, allow_future: bool) -> None:
         return await app.attempt(job, at)
 
     result = obj.call(go)
+    if result.status is RunStatus.UNKNOWN:
+        click.echo(render.run_line(result), err=True)
+        sys.exit(EXIT_UNKNOWN)
     if result.status is RunStatus.FAILED:
         err = result.error
         if err is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -12,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from .. import queue
 from ..app import Oncely
-from ..errors import BadInputError, PayloadError
+from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
 from ..model import TaskRecord, TaskState
-from . import Context, handled, render
+from ..store.outcome import task_landed
+from . import EXIT_UNKNOWN, Context, handled, render
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -54,15 +56,38 @@ def enqueue(
     wait = parse_duration(delay, "--delay") if delay else None
     definition.entry(kwargs, idempotency_key, None, wait)  # bad input: exit 2, nothing touched
 
-    async def go(app: Oncely) -> TaskRecord:
+    async def go(app: Oncely) -> tuple[TaskRecord, bool | None]:
         await app.store.ensure_schema()
-        with app.store.translate():
-            async with AsyncSession(app.store.engine) as db, db.begin():
-                return await definition.enqueue(
+        async with AsyncSession(app.store.engine) as db:
+            with app.store.translate():
+                await db.begin()
+                rec = await definition.enqueue(
                     db, idempotency_key=idempotency_key, delay=wait, **kwargs
                 )
+            try:
+                with app.store.translate():
+                    await db.commit()
+            except DatabaseUnavailableError:
+                if rec.duplicate:
+                    raise  # nothing was inserted: a lost COMMIT changed nothing
+                return rec, await task_landed(app.store, rec.id)
+        return rec, True
 
-    rec = obj.call(go)
+    rec, landed = obj.call(go)
+    if landed is None:
+        click.echo(
+            f"error: outcome unknown: the connection was lost during COMMIT of {rec.task} "
+            f"id {rec.id} and the task could not be read back; it may or may not be queued: "
+            f"check `oncely tasks --task {rec.task}` before enqueueing it again "
+            "(with --idempotency-key a retry is safe)",
+            err=True,
+        )
+        sys.exit(EXIT_UNKNOWN)
+    if not landed:
+        raise DatabaseUnavailableError(
+            f"the connection was lost during COMMIT and task {rec.task} id {rec.id} is not "
+            "in the database: it rolled back, nothing was enqueued"
+        )
     if rec.duplicate:
         click.echo(
             f"duplicate {rec.task} id {rec.id}: idempotency key {rec.idempotency_key!r} "
