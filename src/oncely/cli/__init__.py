@@ -24,6 +24,7 @@ import click
 from .. import clock, events, logs
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
+from ..masking import mask_secrets
 from ..model import RunResult, RunStatus
 from . import render
 from .loading import load_app
@@ -64,7 +65,7 @@ class Context:
 
 def fail(message: str) -> None:
     """Print an error and exit with the usage/configuration code."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(EXIT_USAGE)
 
 
@@ -212,7 +213,8 @@ def run(obj: Context, job: str, now: str | None, allow_future: bool) -> None:
             if logs.is_json():
                 logs.traceback_line(err)  # one JSON object, like every other line
             else:
-                traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+                text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+                click.echo(mask_secrets(text.rstrip("\n")), err=True)
         click.echo(render.run_line(result), err=True)
         sys.exit(EXIT_JOB_FAILED)
     click.echo(render.run_line(result))

@@ -38,6 +38,7 @@ from ..errors import (
     SchemaMissingError,
     SchemaTooNewError,
 )
+from ..masking import mask_url
 from ..model import Claim
 from . import sql, tasks_sql
 from .dialect import ClaimOutcome, Dialect
@@ -108,20 +109,6 @@ def sync_url(url: str) -> str:
         "synchronous effects on Postgres need a sync driver: pip install 'oncely[sync]' "
         "(psycopg2), or install psycopg"
     )
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, safe for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        # Not parseable: hide anything between "://user:" and "@".
-        head, sep, tail = url.partition("://")
-        if sep and "@" in tail:
-            creds, _, host = tail.rpartition("@")
-            user = creds.split(":", 1)[0]
-            return f"{head}://{user}:***@{host}"
-        return url
 
 
 # Dialects hold no per-engine state; sharing one per database shares its prebuilt statements.
@@ -196,8 +183,8 @@ class Store:
 
     @property
     def display_url(self) -> str:
-        """The database URL with its password masked."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The database URL with its credentials masked (userinfo and query string)."""
+        return mask_url(self.engine.url.render_as_string(hide_password=False))
 
     async def dispose(self) -> None:
         """Close the pool if oncely built the engine (a user's engine is theirs to close)."""
@@ -222,6 +209,13 @@ class Store:
             raise self._translated(exc) from exc
         except (OSError, asyncio.TimeoutError) as exc:
             raise self._unavailable(exc) from exc
+        except TypeError as exc:
+            if "connect()" not in str(exc):
+                raise
+            # A URL query parameter the driver does not take (asyncpg's connect(**query)).
+            raise BadInputError(
+                f"the database URL {self.display_url} has an option the driver does not take: {exc}"
+            ) from exc
         except Exception as exc:
             if self.dialect.is_driver_error(exc):  # a statement oncely sent on the driver
                 raise self._translated(exc) from exc
