@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
@@ -48,7 +49,12 @@ class Oncely:
     def __init__(self, database: Database | None = None, *, lease: float = DEFAULT_LEASE) -> None:
         self.registry = Registry()
         self.tasks = TaskRegistry()
-        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
+        if (
+            not isinstance(lease, (int, float))
+            or isinstance(lease, bool)
+            or not math.isfinite(lease)
+            or lease <= 0
+        ):
             raise ConfigError(f"Oncely(lease=...) must be > 0 seconds, got {lease!r}")
         self.lease = float(lease)
         """Seconds a worker holds a task before another may take it over (heartbeats renew)."""

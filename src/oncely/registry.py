@@ -49,8 +49,17 @@ class Job:
         if self.key_func is None:
             return default_key(slot)
         key = self.key_func(slot)
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"job {self.name!r}: key= must return a non-empty str, got {key!r}")
+        if not isinstance(key, str) or not key or len(key) > 200:
+            raise ConfigError(
+                f"job {self.name!r}: key= must return a non-empty str of at most 200 "
+                f"characters, got {key!r}"
+            )
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(
+                f"job {self.name!r}: key= returned {key!r}, which is not valid UTF-8"
+            ) from None
         return key
 
 

@@ -37,3 +37,8 @@ async def hold(db, now):  # type: ignore[no-untyped-def]
 @app.task
 async def note(db, n: int = 0) -> None:  # type: ignore[no-untyped-def]
     return None
+
+
+@app.job(every(minutes=1), key=lambda now: "slot-\ud800")  # a lone surrogate: not storable
+async def surrogate_key(db, now):  # type: ignore[no-untyped-def]
+    return None

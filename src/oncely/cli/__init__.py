@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -30,6 +31,9 @@ from . import render
 from .loading import load_app
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
+MIN_YEAR, MAX_YEAR = 1970, 9000
+"""The years a time on the command line may name (slot arithmetic stays far from datetime's
+year 1 and 9999)."""
 T = TypeVar("T")
 
 
@@ -78,8 +82,53 @@ def handled(func: Callable[..., None]) -> Callable[..., None]:
             func(*args, **kwargs)
         except OncelyError as exc:
             fail(str(exc))
+        except OverflowError as exc:  # a time or number from the command line, out of range
+            fail(f"a time or number is out of range: {exc}")
 
     return wrapper
+
+
+def text_arg(value: str | None, what: str) -> str | None:
+    """A command-line string that the database can store: valid UTF-8 (a shell passes
+    undecodable bytes as surrogates), without NUL."""
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError(f"{what} {value!r} is not valid UTF-8") from None
+    if "\0" in value:
+        raise BadInputError(f"{what} {value!r} contains a NUL character")
+    return value
+
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType by its value; older clicks cannot subscript it
+    _FloatParam = click.ParamType[float]
+else:
+    _FloatParam = click.ParamType
+
+
+class Finite(_FloatParam):
+    """A float in [min, max) that is a real number: nan and inf are refused."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 0.0, *, open_min: bool = False) -> None:
+        self.min, self.open_min = min, open_min
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number > 10**9:
+            self.fail(f"{value!r} is not a finite number of seconds (at most 1e9)", param, ctx)
+        if number < self.min or (self.open_min and number == self.min):
+            bound = ">" if self.open_min else ">="
+            self.fail(f"{value!r} must be {bound} {self.min:g}", param, ctx)
+        return number
 
 
 def parse_time(value: str | None, option: str) -> datetime | None:
@@ -101,6 +150,8 @@ def parse_time(value: str | None, option: str) -> datetime | None:
             f"bad {option} {value!r}: it has no UTC offset; add one, "
             "e.g. 2026-11-27T18:00:00-06:00 or …Z"
         )
+    if not MIN_YEAR <= parsed.year <= MAX_YEAR:
+        raise BadInputError(f"bad {option} {value!r}: the year must be {MIN_YEAR}-{MAX_YEAR}")
     return parsed
 
 
@@ -277,7 +328,8 @@ def next_slots(obj: Context, job: str, count: int, after: str | None, as_json: b
 @handled
 def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
     """Show claims newest first: who ran each slot, when, and for how long."""
-    claims = obj.call(lambda app: app.store.history(job, limit))
+    text_arg(job, "job")
+    claims = obj.call(lambda app: app.history(job, limit))
     if as_json:
         click.echo(render.dumps([render.claim_dict(c) for c in claims]))
         return
@@ -296,6 +348,8 @@ def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
 @handled
 def release(obj: Context, job: str, key: str) -> None:
     """Delete the claim of one slot so that it can run again."""
+    text_arg(job, "job")
+    text_arg(key, "key")
     claim = obj.call(lambda app: app.release(job, key))
     if claim is None:
         fail(
