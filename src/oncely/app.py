@@ -278,6 +278,24 @@ class Oncely:
             )
         return claim
 
+    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
+        """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not
+        run the slots the old one ran; (claims moved, claims left under `old`)."""
+        self.registry.check_name(new)
+        if old == new:
+            raise BadInputError(f"rename {old!r} to itself: nothing to do")
+        moved, left = await self.store.rename(old, new, force=force)
+        events.emit(
+            "run.renamed",
+            "claims carried to the job's new name",
+            level=logging.WARNING,
+            job=new,
+            old=old,
+            moved=moved,
+            left=left,
+        )
+        return moved, left
+
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""
         if self._store is not None:

@@ -130,12 +130,7 @@ class Registry:
         overlap: str = "skip",
     ) -> Job:
         """Validate and register a job; raise ConfigError naming the job if anything is off."""
-        job_name = name or getattr(func, "__name__", "")
-        if not isinstance(job_name, str) or not _NAME.match(job_name):
-            raise ConfigError(
-                f"job name {job_name!r} is not valid: use letters, digits, _ . : - "
-                "(at most 200, starting with a letter or _)"
-            )
+        job_name = self.check_name(name or getattr(func, "__name__", ""))
         if not isinstance(schedule, Schedule):
             raise ConfigError(
                 f"job {job_name!r}: the schedule must be cron(...) or every(...), got {schedule!r}"
@@ -163,6 +158,16 @@ class Registry:
         self._jobs[job_name] = job
         self._lock_keys[lock_key] = job_name
         return job
+
+    @staticmethod
+    def check_name(name: object) -> str:
+        """`name` if it is a valid job name; ConfigError saying what one looks like."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(
+                f"job name {name!r} is not valid: use letters, digits, _ . : - "
+                "(at most 200, starting with a letter or _)"
+            )
+        return name
 
     def job(self, name: str) -> Job:
         """The job registered under `name`; UnknownJobError lists the known ones."""

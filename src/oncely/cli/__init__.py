@@ -364,6 +364,23 @@ def release(obj: Context, job: str, key: str) -> None:
 
 
 @cli.command()
+@click.argument("old")
+@click.argument("new")
+@click.option("--force", is_flag=True, help="Move OLD's claims even if NEW already has some.")
+@click.pass_obj
+@handled
+def rename(obj: Context, old: str, new: str, force: bool) -> None:
+    """Carry a renamed job's claims from OLD to NEW, so NEW does not re-run OLD's slots.
+
+    Run it before the release with the new name starts its workers.
+    """
+    text_arg(old, "OLD")
+    moved, left = obj.call(lambda app: app.rename(old, new, force=force))
+    kept = f"; {left} left under {old} (NEW has those keys)" if left else ""
+    click.echo(f"renamed {old} to {new}: {moved} claims moved{kept}")
+
+
+@cli.command()
 @click.pass_obj
 @handled
 def migrate(obj: Context) -> None:

@@ -54,7 +54,7 @@ from .session import (
     set_attempt_driver,
     violation,
 )
-from .sqlite import READ_ONLY_OPTION, SQLiteDialect
+from .sqlite import BUSY_MS_OPTION, READ_ONLY_OPTION, SQLiteDialect
 from .tables import metadata, schema_versions
 
 if TYPE_CHECKING:
@@ -110,6 +110,9 @@ def sync_url(url: str) -> str:
         "(psycopg2), or install psycopg"
     )
 
+
+RELEASE_BUSY_MS = 500
+"""How long `release` waits on SQLite for the write lock before answering "running"."""
 
 # Dialects hold no per-engine state; sharing one per database shares its prebuilt statements.
 _DIALECTS: dict[str, Dialect] = {"postgresql": PostgresDialect(), "sqlite": SQLiteDialect()}
@@ -536,11 +539,49 @@ class Store:
         return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError))
 
     async def release(self, job: str, key: str) -> Claim | None:
-        """Delete one claim so its slot can run again; the claim that was deleted, if any."""
+        """Delete one claim so its slot can run again; the claim that was deleted, if any.
+
+        Refused (BadInputError) while an attempt at the slot is running, on both databases:
+        its claim is not committed yet, and deleting what is there would change nothing.
+        """
+        running = BadInputError(
+            f"job {job!r} key {key!r} is running right now (or, on SQLite, another write "
+            "holds the database): nothing released; try again when it has finished"
+        )
+        with self.translate():
+            try:
+                async with self.engine.connect() as conn:
+                    conn = await conn.execution_options(**{BUSY_MS_OPTION: RELEASE_BUSY_MS})
+                    async with conn.begin():
+                        if not await self.dialect.try_lock_slot(conn, job, key):
+                            raise running
+                        row = (await conn.execute(sql.release(job, key))).first()
+            except sa.exc.OperationalError as exc:
+                if self.dialect.is_busy(exc):
+                    raise running from None
+                raise
+        return _claim(row) if row is not None else None
+
+    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
+        """Carry job `old`'s claims to `new` so its slots stay claimed under the new name;
+        (claims moved, claims left under `old` because `new` has the same key).
+
+        Refused if `old` has no claims, or if `new` already has some (unless `force`).
+        """
+        await self.ensure_schema()
         with self.translate():
             async with self.engine.begin() as conn:
-                row = (await conn.execute(sql.release(job, key))).first()
-        return _claim(row) if row is not None else None
+                has_old = (await conn.execute(sql.claim_count(old))).scalar_one()
+                has_new = (await conn.execute(sql.claim_count(new))).scalar_one()
+                if not has_old:
+                    raise BadInputError(f"job {old!r} has no claims: nothing to rename")
+                if has_new and not force:
+                    raise BadInputError(
+                        f"job {new!r} already has {has_new} claims: nothing renamed "
+                        "(--force moves the keys it does not have)"
+                    )
+                moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
+        return moved, int(has_old) - moved
 
     @contextlib.asynccontextmanager
     async def _reader(self) -> AsyncIterator[AsyncConnection]:

@@ -354,6 +354,13 @@ class PostgresDialect(Dialect):
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
+    async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        hi, lo = slot_lock_key(job, key)
+        got = await conn.execute(
+            sa.text("SELECT pg_try_advisory_xact_lock(:hi, :lo)"), {"hi": hi, "lo": lo}
+        )
+        return bool(got.scalar())
+
     def is_read_only(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _READ_ONLY
 

@@ -175,6 +175,9 @@ class SQLiteDialect(Dialect):
     def is_unavailable(self, exc: BaseException) -> bool:
         return "unable to open database file" in str(exc)
 
+    # try_lock_slot: the write transaction's BEGIN IMMEDIATE already excludes every attempt
+    # (a running one makes it busy, see Store.release).
+
     def is_read_only(self, exc: BaseException) -> bool:
         return "readonly database" in str(exc)
 
