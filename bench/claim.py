@@ -58,6 +58,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 import oncely
 import oncely.store.postgres as pg
 from oncely import Oncely, every
+from oncely.locks import job_lock_key, slot_lock_key
 
 PG_URL = os.environ.get(
     "ONCELY_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -248,11 +249,9 @@ async def postgres_cases(
         await raw.execute("BEGIN")
         row = await raw.fetchrow(
             pg.DRIVER_LOCK_AND_CLAIM,
-            pg.LOCK_NAMESPACE,
-            pg.lock_id("pg_raw_run", key),
+            *slot_lock_key("pg_raw_run", key),
             True,
-            pg.JOB_LOCK_NAMESPACE,
-            pg.lock_id("pg_raw_run", ""),
+            *job_lock_key("pg_raw_run"),
             "pg_raw_run",
             key,
             slot,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
@@ -48,7 +49,12 @@ class Oncely:
     def __init__(self, database: Database | None = None, *, lease: float = DEFAULT_LEASE) -> None:
         self.registry = Registry()
         self.tasks = TaskRegistry()
-        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
+        if (
+            not isinstance(lease, (int, float))
+            or isinstance(lease, bool)
+            or not math.isfinite(lease)
+            or lease <= 0
+        ):
             raise ConfigError(f"Oncely(lease=...) must be > 0 seconds, got {lease!r}")
         self.lease = float(lease)
         """Seconds a worker holds a task before another may take it over (heartbeats renew)."""
@@ -143,7 +149,11 @@ class Oncely:
     # -- running ------------------------------------------------------------------------
 
     async def attempt(self, job: str, now: datetime | None = None) -> RunResult:
-        """Run the slot due at `now` once if nobody has; a job's error comes back as `failed`."""
+        """Run the slot due at `now` (default: the database's clock) once if nobody has; a job's
+        error comes back as `failed`."""
+        if now is None:
+            self.registry.job(job)  # an unknown job fails before touching the database
+            now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         slot = self.slot(job, now)
         await self.store.ensure_schema()
         return await run_slot(self.store, self.registry.job(job), slot.at, slot.key, replica_id())
@@ -267,6 +277,24 @@ class Oncely:
                 claimed_by=claim.claimed_by,
             )
         return claim
+
+    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
+        """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not
+        run the slots the old one ran; (claims moved, claims left under `old`)."""
+        self.registry.check_name(new)
+        if old == new:
+            raise BadInputError(f"rename {old!r} to itself: nothing to do")
+        moved, left = await self.store.rename(old, new, force=force)
+        events.emit(
+            "run.renamed",
+            "claims carried to the job's new name",
+            level=logging.WARNING,
+            job=new,
+            old=old,
+            moved=moved,
+            left=left,
+        )
+        return moved, left
 
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 _source: Callable[[], datetime] | None = None
+
+FUTURE_SKEW = timedelta(seconds=5)
+"""How far past the database's clock `oncely run --now` may name a slot before it is refused
+as a future slot: the skew tolerated between the host that computed --now and the database."""
 
 
 def utcnow() -> datetime:
@@ -22,3 +26,8 @@ def set_source(source: Callable[[], datetime] | None) -> None:
     """
     global _source
     _source = source
+
+
+def is_set() -> bool:
+    """Whether a test clock replaces the wall clock (then it stands in for database time too)."""
+    return _source is not None

@@ -56,3 +56,11 @@ class UnknownTaskError(ConfigError):
 
 class TaskStateError(BadInputError):
     """The task is not in a state that allows this operation."""
+
+
+class SchemaTooNewError(OncelyError):
+    """oncely's tables were migrated by a newer oncely than this one: upgrade oncely."""
+
+
+class DatabaseReadOnlyError(DatabaseError):
+    """The database is read-only: oncely must write its claims and tasks there."""

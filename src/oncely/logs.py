@@ -10,18 +10,30 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@\s]+@")
+from .masking import mask_secrets
+
 FORMATS = ("text", "json")
 
 
 def mask_passwords(text: str) -> str:
-    """The text with the password of every `scheme://user:password@host` replaced by ***."""
-    return _URL_PASSWORD.sub(r"\g<head>***@", text)
+    """The text with every credential of every URL in it replaced by *** (see masking)."""
+    return mask_secrets(text)
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_masked(v) for v in value]
+    if isinstance(value, (int, float, bool)) or value is None:
+        return value
+    return mask_secrets(str(value))
 
 
 class TextFormatter(logging.Formatter):
@@ -62,7 +74,9 @@ class JsonFormatter(logging.Formatter):
                 line.setdefault(name, value)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return mask_passwords(json.dumps(line, default=str, ensure_ascii=False))
+        # Masked value by value, before encoding: a quote in a password cannot hide it.
+        masked = {name: _masked(value) for name, value in line.items()}
+        return json.dumps(masked, default=str, ensure_ascii=False)
 
 
 _format = "text"

@@ -20,6 +20,9 @@ class RunStatus(str, enum.Enum):
     """`overlap="skip"`: another slot of this job is running right now; not started."""
     FAILED = "failed"
     """The job raised (or the attempt died): everything rolled back, the slot is free."""
+    UNKNOWN = "unknown"
+    """The connection was lost during COMMIT and the claim could not be read back: the
+    work may or may not have committed (`oncely history JOB` tells; a retry is safe)."""
 
 
 @dataclass(frozen=True)

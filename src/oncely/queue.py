@@ -699,4 +699,4 @@ async def prune(app: Oncely, older_than: timedelta, now: datetime | None = None)
     """
     if older_than <= timedelta(0):
         raise BadInputError(f"--older-than must be positive, got {older_than}")
-    return await app.store.tasks.prune((now or clock.utcnow()) - older_than)
+    return await app.store.tasks.prune((now or await app.store.database_time()) - older_than)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from . import locks
 from .errors import ConfigError, UnknownJobError
 from .schedule import Schedule, default_key
 
@@ -48,8 +49,17 @@ class Job:
         if self.key_func is None:
             return default_key(slot)
         key = self.key_func(slot)
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"job {self.name!r}: key= must return a non-empty str, got {key!r}")
+        if not isinstance(key, str) or not key or len(key) > 200:
+            raise ConfigError(
+                f"job {self.name!r}: key= must return a non-empty str of at most 200 "
+                f"characters, got {key!r}"
+            )
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(
+                f"job {self.name!r}: key= returned {key!r}, which is not valid UTF-8"
+            ) from None
         return key
 
 
@@ -106,6 +116,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
+        self._lock_keys: dict[tuple[int, int], str] = {}
 
     def add_job(
         self,
@@ -119,12 +130,7 @@ class Registry:
         overlap: str = "skip",
     ) -> Job:
         """Validate and register a job; raise ConfigError naming the job if anything is off."""
-        job_name = name or getattr(func, "__name__", "")
-        if not isinstance(job_name, str) or not _NAME.match(job_name):
-            raise ConfigError(
-                f"job name {job_name!r} is not valid: use letters, digits, _ . : - "
-                "(at most 200, starting with a letter or _)"
-            )
+        job_name = self.check_name(name or getattr(func, "__name__", ""))
         if not isinstance(schedule, Schedule):
             raise ConfigError(
                 f"job {job_name!r}: the schedule must be cron(...) or every(...), got {schedule!r}"
@@ -141,9 +147,27 @@ class Registry:
         _check_policy(job_name, catch_up, grace, overlap)
         if job_name in self._jobs:
             raise ConfigError(f"job {job_name!r} is registered twice")
+        lock_key = locks.job_lock_key(job_name)
+        other = self._lock_keys.get(lock_key)
+        if other is not None:
+            # Odds 2**-64 per pair; if it ever happens, one would block the other's slots.
+            raise ConfigError(
+                f"jobs {other!r} and {job_name!r} share one advisory-lock key: rename one of them"
+            )
         job = Job(job_name, schedule, func, key, catch_up, grace, overlap)  # type: ignore[arg-type]
         self._jobs[job_name] = job
+        self._lock_keys[lock_key] = job_name
         return job
+
+    @staticmethod
+    def check_name(name: object) -> str:
+        """`name` if it is a valid job name; ConfigError saying what one looks like."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(
+                f"job name {name!r} is not valid: use letters, digits, _ . : - "
+                "(at most 200, starting with a letter or _)"
+            )
+        return name
 
     def job(self, name: str) -> Job:
         """The job registered under `name`; UnknownJobError lists the known ones."""

@@ -19,6 +19,7 @@ from .errors import JobTransactionError
 from .model import RunResult, RunStatus
 from .registry import Job
 from .store import ClaimOutcome, Store, violation
+from .store.outcome import claim_landed
 
 
 async def _call(job: Job, session: AsyncSession, slot: datetime) -> None:
@@ -121,6 +122,27 @@ async def run_slot(
             await store.finish(session, job.name, key)
         except Exception as exc:
             await store.abandon(session)
+            if store.is_unavailable(exc):  # lost during COMMIT, maybe after it landed
+                landed = await claim_landed(store, job.name, key, replica)
+                if landed is None:
+                    events.emit(
+                        "run.unknown",
+                        "the connection was lost during COMMIT and the claim cannot be read "
+                        "back: the work may or may not have committed",
+                        level=logging.ERROR,
+                        error=f"{type(exc).__name__}: {exc}",
+                        **fields,
+                    )
+                    return result(RunStatus.UNKNOWN, error=exc)
+                if landed:
+                    done = result(RunStatus.RAN)
+                    events.emit(
+                        "run.ran",
+                        "ran (the connection was lost during COMMIT; the claim is in the ledger)",
+                        duration_ms=round(done.duration * 1000, 1),
+                        **fields,
+                    )
+                    return done
             events.emit(
                 "run.failed",
                 "the commit failed; rolled back, the slot is free",

@@ -43,6 +43,7 @@ from datetime import datetime, timedelta
 
 from .model import RunStatus
 from .registry import Job
+from .schedule import EverySchedule
 
 MAX_CATCH_UP = 100
 """`catch_up="all"` runs at most this many missed slots of a job after a stall (the newest)."""
@@ -125,7 +126,20 @@ def window(job: Job) -> timedelta | None:
 
 
 def due_slots(job: Job, floor: datetime, now: datetime, keep: int) -> tuple[list[datetime], int]:
-    """The newest `keep` slots in (floor, now], oldest first, and how many there are in all."""
+    """The newest `keep` slots in (floor, now], oldest first, and how many there are in all.
+
+    An `every(...)` schedule is counted by arithmetic, so a long gap (60 days of every
+    second: 5 million slots) costs no more than a short one; a cron schedule (at most one
+    slot a minute) is walked.
+    """
+    schedule = job.schedule
+    if isinstance(schedule, EverySchedule):
+        first, last = schedule.next_after(floor), schedule.latest_at_or_before(now)
+        if first is None or last is None or last < first:
+            return [], 0
+        count = (last - first) // schedule.period + 1
+        kept = min(keep, count)
+        return [last - (kept - 1 - i) * schedule.period for i in range(kept)], count
     newest: deque[datetime] = deque(maxlen=keep)
     count = 0
     for slot in job.schedule.slots_between(floor, now):
@@ -223,7 +237,8 @@ class Scheduler:
     # -- outcomes -------------------------------------------------------------------------
 
     def finished(self, job: Job, slot: datetime, status: RunStatus | None, now: datetime) -> None:
-        """Record one attempt's outcome; `busy` or None (the database failed) is retried later."""
+        """Record one attempt's outcome; `busy`, `unknown` (a commit whose outcome could not be
+        read back) or None (the database failed) is retried later: the claim decides."""
         state = self.states[job.name]
         count = state.running.get(slot, 0) - 1
         if count > 0:
@@ -231,7 +246,7 @@ class Scheduler:
         else:
             state.running.pop(slot, None)
         tries = state.retrying.pop(slot, 0) + 1
-        if status is RunStatus.BUSY or status is None:
+        if status is RunStatus.BUSY or status is RunStatus.UNKNOWN or status is None:
             delay = min(BUSY_RETRY_MAX, BUSY_RETRY_FIRST * 2 ** (tries - 1))
             delay *= self._rng.uniform(0.5, 1.5)
             state.pending[slot] = _Pending(now + timedelta(seconds=delay), tries)

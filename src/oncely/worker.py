@@ -140,7 +140,7 @@ class JobWorker:
         deadline = time.monotonic() + self.startup_wait
         while True:
             try:
-                await self.store.ensure_schema()
+                await self.store.ensure_schema(writes=True)
                 await self._read_clock()
             except DatabaseUnavailableError as exc:
                 if time.monotonic() >= deadline:

@@ -5,29 +5,37 @@
    holder of a busy slot failed, or still held it when the wait ran out)
 2  usage or configuration error: bad arguments, unknown job, bad --app,
    database unreachable, schema missing
+3  outcome unknown: the connection was lost during COMMIT and what it wrote could not be
+   read back (it may or may not have committed; `oncely history` / `oncely tasks` tell)
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import math
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .. import events, logs
+from .. import clock, events, logs
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
+from ..masking import mask_secrets
 from ..model import Claim, RunResult, RunStatus
 from . import render
 from .loading import load_app
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 LEVELS = ("debug", "info", "warning", "error")
+MIN_YEAR, MAX_YEAR = 1970, 9000
+"""The years a time on the command line may name (slot arithmetic stays far from datetime's
+year 1 and 9999)."""
 T = TypeVar("T")
 
 
@@ -63,7 +71,7 @@ class Context:
 
 def fail(message: str) -> None:
     """Print an error and exit with the usage/configuration code."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(EXIT_USAGE)
 
 
@@ -76,8 +84,53 @@ def handled(func: Callable[..., None]) -> Callable[..., None]:
             func(*args, **kwargs)
         except OncelyError as exc:
             fail(str(exc))
+        except OverflowError as exc:  # a time or number from the command line, out of range
+            fail(f"a time or number is out of range: {exc}")
 
     return wrapper
+
+
+def text_arg(value: str | None, what: str) -> str | None:
+    """A command-line string that the database can store: valid UTF-8 (a shell passes
+    undecodable bytes as surrogates), without NUL."""
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError(f"{what} {value!r} is not valid UTF-8") from None
+    if "\0" in value:
+        raise BadInputError(f"{what} {value!r} contains a NUL character")
+    return value
+
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType by its value; older clicks cannot subscript it
+    _FloatParam = click.ParamType[float]
+else:
+    _FloatParam = click.ParamType
+
+
+class Finite(_FloatParam):
+    """A float in [min, max) that is a real number: nan and inf are refused."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 0.0, *, open_min: bool = False) -> None:
+        self.min, self.open_min = min, open_min
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number > 10**9:
+            self.fail(f"{value!r} is not a finite number of seconds (at most 1e9)", param, ctx)
+        if number < self.min or (self.open_min and number == self.min):
+            bound = ">" if self.open_min else ">="
+            self.fail(f"{value!r} must be {bound} {self.min:g}", param, ctx)
+        return number
 
 
 def parse_time(value: str | None, option: str) -> datetime | None:
@@ -99,6 +152,8 @@ def parse_time(value: str | None, option: str) -> datetime | None:
             f"bad {option} {value!r}: it has no UTC offset; add one, "
             "e.g. 2026-11-27T18:00:00-06:00 or …Z"
         )
+    if not MIN_YEAR <= parsed.year <= MAX_YEAR:
+        raise BadInputError(f"bad {option} {value!r}: the year must be {MIN_YEAR}-{MAX_YEAR}")
     return parsed
 
 
@@ -162,9 +217,51 @@ def cli(
     ctx.obj = Context(app_spec, database_url)
 
 
+def _span(delta: timedelta) -> str:
+    """A rough, readable length of time: 90s, 45m, 30h, 3d."""
+    seconds = delta.total_seconds()
+    for unit, size, above in (("d", 86400, 172800), ("h", 3600, 7200), ("m", 60, 120)):
+        if seconds >= above:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+async def _refuse_future(app: Oncely, job: str, at: datetime, option: str, allow: bool) -> None:
+    """Refuse a slot later than the database's clock (beyond clock.FUTURE_SKEW) unless
+    `allow`: run early, its claim would make the real slot skip when it comes due."""
+    slot = app.slot(job, at)
+    db_now = await app.store.database_time()
+    ahead = slot.at - db_now
+    if ahead <= clock.FUTURE_SKEW:
+        return
+    if not allow:
+        raise BadInputError(
+            f"{option} {at.isoformat()} names the slot {slot.at.isoformat()}, which is "
+            f"{_span(ahead)} ahead of the database's clock ({db_now.isoformat()}): "
+            "running it now would claim it early, and the real slot would then be skipped; "
+            "pass --allow-future to run it on purpose"
+        )
+    events.emit(
+        "run.future_allowed",
+        "running a future slot on purpose (--allow-future): it will be skipped when due",
+        level=logging.WARNING,
+        job=job,
+        key=slot.key,
+        slot=slot.at.isoformat(),
+        database_now=db_now.isoformat(),
+    )
+
+
 @cli.command()
 @click.argument("job")
-@click.option("--now", metavar="ISO", help="Run the slot due at this time (default: now).")
+@click.option(
+    "--now", metavar="ISO", help="Run the slot due at this time (default: the database's now)."
+)
+@click.option(
+    "--allow-future",
+    is_flag=True,
+    help="Run a --now slot that is still in the future (it is then skipped when it comes due).",
+)
 @click.option(
     "--wait",
     metavar="DURATION",
@@ -173,12 +270,21 @@ def cli(
 )
 @click.pass_obj
 @handled
-def run(obj: Context, job: str, now: str | None, wait: str | None) -> None:
+def run(obj: Context, job: str, now: str | None, allow_future: bool, wait: str | None) -> None:
     """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes)."""
     at = parse_time(now, "--now")
     patience = parse_wait(wait)
     known_job(obj.app, job)  # unknown job: exit 2 before touching the database
-    result = obj.call(lambda app: app.attempt(job, at))
+
+    async def go(app: Oncely) -> RunResult:
+        if at is not None:
+            await _refuse_future(app, job, at, "--now", allow_future)
+        return await app.attempt(job, at)
+
+    result = obj.call(go)
+    if result.status is RunStatus.UNKNOWN:
+        click.echo(render.run_line(result), err=True)
+        sys.exit(EXIT_UNKNOWN)
     if patience is not None and result.status is RunStatus.BUSY:
         wait_for_holder(obj, result, patience)
     if result.status is RunStatus.FAILED:
@@ -187,7 +293,8 @@ def run(obj: Context, job: str, now: str | None, wait: str | None) -> None:
             if logs.is_json():
                 logs.traceback_line(err)  # one JSON object, like every other line
             else:
-                traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+                text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+                click.echo(mask_secrets(text.rstrip("\n")), err=True)
         click.echo(render.run_line(result), err=True)
         sys.exit(EXIT_JOB_FAILED)
     click.echo(render.run_line(result))
@@ -330,7 +437,8 @@ def next_slots(obj: Context, job: str | None, count: int, after: str | None, as_
 @handled
 def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
     """Show claims newest first: who ran each slot, when, and for how long."""
-    claims = obj.call(lambda app: app.store.history(job, limit))
+    text_arg(job, "job")
+    claims = obj.call(lambda app: app.history(job, limit))
     known = {j.name: j for j in obj.app.registry}
     if as_json:
         click.echo(render.dumps([render.claim_dict(c, known.get(c.job)) for c in claims]))
@@ -350,6 +458,8 @@ def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
 @handled
 def release(obj: Context, job: str, key: str) -> None:
     """Delete the claim of one slot so that it can run again."""
+    text_arg(job, "job")
+    text_arg(key, "key")
     claim = obj.call(lambda app: app.release(job, key))
     if claim is None:
         fail(
@@ -361,6 +471,23 @@ def release(obj: Context, job: str, key: str) -> None:
         f"released {job} key {key} (was claimed by {claim.claimed_by} "
         f"at {render.iso(claim.claimed_at)})"
     )
+
+
+@cli.command()
+@click.argument("old")
+@click.argument("new")
+@click.option("--force", is_flag=True, help="Move OLD's claims even if NEW already has some.")
+@click.pass_obj
+@handled
+def rename(obj: Context, old: str, new: str, force: bool) -> None:
+    """Carry a renamed job's claims from OLD to NEW, so NEW does not re-run OLD's slots.
+
+    Run it before the release with the new name starts its workers.
+    """
+    text_arg(old, "OLD")
+    moved, left = obj.call(lambda app: app.rename(old, new, force=force))
+    kept = f"; {left} left under {old} (NEW has those keys)" if left else ""
+    click.echo(f"renamed {old} to {new}: {moved} claims moved{kept}")
 
 
 @cli.command()

@@ -41,6 +41,12 @@ def run_line(result: RunResult) -> str:
     if result.status is RunStatus.OVERLAP:
         return f"{head}: another slot of this job is still running (overlap=skip)"
     error = result.error
+    if result.status is RunStatus.UNKNOWN:
+        return (
+            f"{head}: the connection was lost during COMMIT ({type(error).__name__}: {error}) "
+            f"and the claim could not be read back: it may or may not have committed; see "
+            f"`oncely history {result.job}` (running it again is safe: a landed claim skips)"
+        )
     return f"{head}: {type(error).__name__}: {error}; rolled back; the slot is free"
 
 

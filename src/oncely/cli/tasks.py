@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -12,12 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from .. import queue
 from ..app import Oncely
-from ..errors import BadInputError, PayloadError
+from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
 from ..model import TaskRecord, TaskState
-from . import Context, handled, render
+from ..store.outcome import task_landed
+from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_DURATION = timedelta(weeks=5200)
 
 
 def parse_duration(value: str, option: str) -> timedelta:
@@ -25,14 +28,26 @@ def parse_duration(value: str, option: str) -> timedelta:
     match = _DURATION.match(value)
     if not match:
         raise BadInputError(f"bad {option} {value!r}: use a number and a unit, e.g. 30d, 12h, 90m")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise BadInputError(f"bad {option} {value!r}: at most 100 years (5200w)")
+    return timedelta(seconds=seconds)
+
+
+def _refuse_constant(name: str) -> None:
+    raise PayloadError(f"--json has {name}: JSON numbers must be finite")
 
 
 def _payload(text: str) -> dict[str, Any]:
+    text_arg(text, "--json")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise PayloadError(f"--json is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise PayloadError("--json is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise PayloadError(f"--json is not usable: {exc}") from None
     if not isinstance(data, dict):
         raise PayloadError(f"--json must be an object of keyword arguments, got {text!r}")
     return data
@@ -51,18 +66,42 @@ def enqueue(
     """Queue one run of TASK with the arguments in --json; print its id."""
     definition = obj.app.tasks.get(task)
     kwargs = _payload(payload)
+    text_arg(idempotency_key, "--idempotency-key")
     wait = parse_duration(delay, "--delay") if delay else None
     definition.entry(kwargs, idempotency_key, None, wait)  # bad input: exit 2, nothing touched
 
-    async def go(app: Oncely) -> TaskRecord:
+    async def go(app: Oncely) -> tuple[TaskRecord, bool | None]:
         await app.store.ensure_schema()
-        with app.store.translate():
-            async with AsyncSession(app.store.engine) as db, db.begin():
-                return await definition.enqueue(
+        async with AsyncSession(app.store.engine) as db:
+            with app.store.translate():
+                await db.begin()
+                rec = await definition.enqueue(
                     db, idempotency_key=idempotency_key, delay=wait, **kwargs
                 )
+            try:
+                with app.store.translate():
+                    await db.commit()
+            except DatabaseUnavailableError:
+                if rec.duplicate:
+                    raise  # nothing was inserted: a lost COMMIT changed nothing
+                return rec, await task_landed(app.store, rec.id)
+        return rec, True
 
-    rec = obj.call(go)
+    rec, landed = obj.call(go)
+    if landed is None:
+        click.echo(
+            f"error: outcome unknown: the connection was lost during COMMIT of {rec.task} "
+            f"id {rec.id} and the task could not be read back; it may or may not be queued: "
+            f"check `oncely tasks --task {rec.task}` before enqueueing it again "
+            "(with --idempotency-key a retry is safe)",
+            err=True,
+        )
+        sys.exit(EXIT_UNKNOWN)
+    if not landed:
+        raise DatabaseUnavailableError(
+            f"the connection was lost during COMMIT and task {rec.task} id {rec.id} is not "
+            "in the database: it rolled back, nothing was enqueued"
+        )
     if rec.duplicate:
         click.echo(
             f"duplicate {rec.task} id {rec.id}: idempotency key {rec.idempotency_key!r} "
@@ -105,7 +144,7 @@ def _list(
 
 
 @tasks.command("retry")
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
 @click.pass_obj
 @handled
 def retry_cmd(obj: Context, task_id: int) -> None:
@@ -115,7 +154,7 @@ def retry_cmd(obj: Context, task_id: int) -> None:
 
 
 @tasks.command("discard")
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
 @click.pass_obj
 @handled
 def discard_cmd(obj: Context, task_id: int) -> None:

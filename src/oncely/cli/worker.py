@@ -7,7 +7,7 @@ import asyncio
 import click
 
 from ..queue import DEFAULT_CONCURRENCY
-from . import Context, handled
+from . import Context, Finite, handled
 from .metrics import metrics_options, start_metrics
 
 
@@ -24,7 +24,7 @@ def _job_list(value: str | None) -> list[str] | None:
     "--shutdown-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Finite(0),
     metavar="SECONDS",
     help="On SIGTERM/SIGINT, how long running attempts may finish before they are cancelled.",
 )
@@ -32,7 +32,7 @@ def _job_list(value: str | None) -> list[str] | None:
     "--startup-wait",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Finite(0),
     metavar="SECONDS",
     help="How long to wait at start for an unreachable database before exiting with 2.",
 )
@@ -45,7 +45,7 @@ def _job_list(value: str | None) -> list[str] | None:
 )
 @click.option(
     "--lease",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(0, open_min=True),
     metavar="SECONDS",
     help="How long a task stays leased to this worker without a heartbeat "
     "[default: Oncely(lease=...), 30].",

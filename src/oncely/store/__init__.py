@@ -32,10 +32,13 @@ from ..errors import (
     BadInputError,
     ConfigError,
     DatabaseError,
+    DatabaseReadOnlyError,
     DatabaseUnavailableError,
     OncelyError,
     SchemaMissingError,
+    SchemaTooNewError,
 )
+from ..masking import mask_url
 from ..model import Claim
 from . import sql, tasks_sql
 from .dialect import ClaimOutcome, Dialect
@@ -51,7 +54,7 @@ from .session import (
     set_attempt_driver,
     violation,
 )
-from .sqlite import READ_ONLY_OPTION, SQLiteDialect
+from .sqlite import BUSY_MS_OPTION, READ_ONLY_OPTION, SQLiteDialect
 from .tables import metadata, schema_versions
 
 if TYPE_CHECKING:
@@ -108,19 +111,8 @@ def sync_url(url: str) -> str:
     )
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, safe for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        # Not parseable: hide anything between "://user:" and "@".
-        head, sep, tail = url.partition("://")
-        if sep and "@" in tail:
-            creds, _, host = tail.rpartition("@")
-            user = creds.split(":", 1)[0]
-            return f"{head}://{user}:***@{host}"
-        return url
-
+RELEASE_BUSY_MS = 500
+"""How long `release` waits on SQLite for the write lock before answering "running"."""
 
 # Dialects hold no per-engine state; sharing one per database shares its prebuilt statements.
 _DIALECTS: dict[str, Dialect] = {"postgresql": PostgresDialect(), "sqlite": SQLiteDialect()}
@@ -194,8 +186,8 @@ class Store:
 
     @property
     def display_url(self) -> str:
-        """The database URL with its password masked."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The database URL with its credentials masked (userinfo and query string)."""
+        return mask_url(self.engine.url.render_as_string(hide_password=False))
 
     async def dispose(self) -> None:
         """Close the pool if oncely built the engine (a user's engine is theirs to close)."""
@@ -220,6 +212,13 @@ class Store:
             raise self._translated(exc) from exc
         except (OSError, asyncio.TimeoutError) as exc:
             raise self._unavailable(exc) from exc
+        except TypeError as exc:
+            if "connect()" not in str(exc):
+                raise
+            # A URL query parameter the driver does not take (asyncpg's connect(**query)).
+            raise BadInputError(
+                f"the database URL {self.display_url} has an option the driver does not take: {exc}"
+            ) from exc
         except Exception as exc:
             if self.dialect.is_driver_error(exc):  # a statement oncely sent on the driver
                 raise self._translated(exc) from exc
@@ -229,6 +228,16 @@ class Store:
         if self.dialect.is_missing_table(exc):
             return SchemaMissingError(
                 f"oncely's tables are missing in {self.display_url}: run `oncely migrate`"
+            )
+        if self.dialect.is_read_only(exc):
+            return DatabaseReadOnlyError(
+                f"the database at {self.display_url} is read-only: oncely writes its claims "
+                f"and tasks there ({_driver_message(exc)})"
+            )
+        if self.dialect.is_schema_problem(exc):
+            return DatabaseError(
+                f"oncely's tables in {self.display_url} do not have the columns this oncely "
+                f"uses ({_driver_message(exc)}): were they changed by hand?"
             )
         if self.dialect.is_unavailable(exc):
             return self._unavailable(exc)
@@ -258,6 +267,8 @@ class Store:
                 await self.dialect.lock_migrations(conn)
                 await conn.run_sync(schema_versions.create, checkfirst=True)
                 current = (await conn.execute(sql.schema_version())).scalar() or 0
+                if current > LATEST:
+                    raise self._too_new(current)
                 for version, _what, step in MIGRATIONS:
                     if version > current:
                         await conn.run_sync(step)
@@ -277,9 +288,24 @@ class Store:
             return None
         return int(value) if value is not None else None
 
-    async def ensure_schema(self) -> None:
+    def _too_new(self, version: int) -> SchemaTooNewError:
+        return SchemaTooNewError(
+            f"oncely's tables in {self.display_url} are at schema version {version}, newer "
+            f"than this oncely knows (up to {LATEST}): upgrade oncely to the release that "
+            "migrated them"
+        )
+
+    async def ensure_schema(self, *, writes: bool = False) -> None:
         """Raise SchemaMissingError unless the database is at a version this oncely runs on
-        (`migrations.REQUIRED` or later; checked once)."""
+        (`migrations.REQUIRED` up to `LATEST`; checked once); SchemaTooNewError if newer.
+
+        With `writes` (a worker starting), also DatabaseReadOnlyError if the database cannot
+        be written: waiting would not help, unlike an outage.
+        """
+        if writes:
+            with self.translate():
+                async with self.engine.connect() as conn:
+                    await self.dialect.probe_writes(conn)
         if self._schema_checked:
             return
         version = await self.schema_version()
@@ -292,6 +318,8 @@ class Store:
                 f"oncely's tables in {self.display_url} are at version {version}, this oncely "
                 f"needs {LATEST}: run `oncely migrate`"
             )
+        if version > LATEST:
+            raise self._too_new(version)
         self._schema_checked = True
 
     # -- one attempt --------------------------------------------------------------------
@@ -511,11 +539,49 @@ class Store:
         return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError))
 
     async def release(self, job: str, key: str) -> Claim | None:
-        """Delete one claim so its slot can run again; the claim that was deleted, if any."""
+        """Delete one claim so its slot can run again; the claim that was deleted, if any.
+
+        Refused (BadInputError) while an attempt at the slot is running, on both databases:
+        its claim is not committed yet, and deleting what is there would change nothing.
+        """
+        running = BadInputError(
+            f"job {job!r} key {key!r} is running right now (or, on SQLite, another write "
+            "holds the database): nothing released; try again when it has finished"
+        )
+        with self.translate():
+            try:
+                async with self.engine.connect() as conn:
+                    conn = await conn.execution_options(**{BUSY_MS_OPTION: RELEASE_BUSY_MS})
+                    async with conn.begin():
+                        if not await self.dialect.try_lock_slot(conn, job, key):
+                            raise running
+                        row = (await conn.execute(sql.release(job, key))).first()
+            except sa.exc.OperationalError as exc:
+                if self.dialect.is_busy(exc):
+                    raise running from None
+                raise
+        return _claim(row) if row is not None else None
+
+    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
+        """Carry job `old`'s claims to `new` so its slots stay claimed under the new name;
+        (claims moved, claims left under `old` because `new` has the same key).
+
+        Refused if `old` has no claims, or if `new` already has some (unless `force`).
+        """
+        await self.ensure_schema()
         with self.translate():
             async with self.engine.begin() as conn:
-                row = (await conn.execute(sql.release(job, key))).first()
-        return _claim(row) if row is not None else None
+                has_old = (await conn.execute(sql.claim_count(old))).scalar_one()
+                has_new = (await conn.execute(sql.claim_count(new))).scalar_one()
+                if not has_old:
+                    raise BadInputError(f"job {old!r} has no claims: nothing to rename")
+                if has_new and not force:
+                    raise BadInputError(
+                        f"job {new!r} already has {has_new} claims: nothing renamed "
+                        "(--force moves the keys it does not have)"
+                    )
+                moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
+        return moved, int(has_old) - moved
 
     @contextlib.asynccontextmanager
     async def _reader(self) -> AsyncIterator[AsyncConnection]:

@@ -153,6 +153,23 @@ class Dialect(abc.ABC):
         """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
         return False
 
+    async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        """In the connection's open write transaction, take the slot's lock without waiting
+        (as an attempt does); False if an attempt at it is running right now."""
+        return True
+
+    def is_read_only(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database refuses every write (not an outage)."""
+        return False
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        """Whether a driver error means oncely's tables lack a column or table it uses."""
+        return False
+
+    async def probe_writes(self, conn: AsyncConnection) -> None:
+        """Raise the driver's error if the database refuses writes; change nothing."""
+        return None
+
     database_clock = False
     """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
 

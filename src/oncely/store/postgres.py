@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -21,18 +20,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import await_only
 
 from ..errors import BadInputError, DatabaseError, SchemaMissingError
+from ..locks import job_lock_key, slot_lock_key
 from . import sql
 from .dialect import MISSING_TABLES, ClaimOutcome, Dialect
 from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
 
-# The first key of oncely's two-key advisory locks ("once"), so they never collide with an
-# application's own one-key (bigint) locks, nor with two-key locks under another namespace.
+# The migration lock's two keys ("once", 0). Slot and job locks use the two-key form too,
+# with all 64 bits from a hash (see oncely.locks), so they never meet an application's
+# one-key (bigint) locks.
 LOCK_NAMESPACE = 0x6F6E6365
 _MIGRATION_LOCK = 0
-
-# The first key of the job-wide locks that `overlap="skip"` attempts hold.
-JOB_LOCK_NAMESPACE = 0x6F6E636A
 
 # Lock and claim in one round trip: each lock CTE runs once (volatile, referenced twice);
 # the job lock is only tried for an exclusive attempt; the insert runs only if the locks
@@ -40,10 +38,10 @@ JOB_LOCK_NAMESPACE = 0x6F6E636A
 LOCK_AND_CLAIM = sa.text(
     """
     WITH lock AS (
-        SELECT pg_try_advisory_xact_lock(:ns, :lock_id) AS got
+        SELECT pg_try_advisory_xact_lock(:slot_hi, :slot_lo) AS got
     ), job_lock AS (
         SELECT CASE WHEN CAST(:exclusive AS boolean)
-                    THEN pg_try_advisory_xact_lock(:job_ns, :job_lock_id)
+                    THEN pg_try_advisory_xact_lock(:job_hi, :job_lo)
                     ELSE true END AS got
     ), ins AS (
         INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
@@ -68,6 +66,8 @@ PING_TIMEOUT_S = 10.0
 _CHECKED_IN_AT = "oncely_checked_in_at"
 
 _MISSING_TABLE = "42P01"  # undefined_table
+_MISSING_COLUMN = "42703"  # undefined_column
+_READ_ONLY = "25006"  # read_only_sql_transaction (a standby, default_transaction_read_only)
 # SQLSTATEs that mean "no usable connection": connection exceptions, failed authentication,
 # a database that does not exist, a server shutting down or starting, too many connections.
 _UNAVAILABLE_PREFIXES = ("08", "28", "3D", "57P", "53300")
@@ -185,12 +185,6 @@ async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> boo
         raise DatabaseError(f"claiming failed: {exc}") from exc
 
 
-def lock_id(job: str, key: str) -> int:
-    """The second advisory-lock key of a slot: a stable signed 32-bit hash of (job, key)."""
-    digest = hashlib.blake2b(f"{job}\0{key}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
 def _driver(conn: AsyncConnection) -> Any:
     """The asyncpg connection under a checked-out connection, at hand without I/O
     (get_raw_connection() would take a greenlet round of its own to answer the same)."""
@@ -237,21 +231,22 @@ class PostgresDialect(Dialect):
         exclusive: bool = False,
     ) -> ClaimOutcome:
         driver = attempt_driver(session)
-        job_id = lock_id(job, "")
+        slot_hi, slot_lo = slot_lock_key(job, key)
+        job_hi, job_lo = job_lock_key(job)
         if driver is None:
             row: Any = (
                 await session.execute(
                     LOCK_AND_CLAIM,
                     {
-                        "ns": LOCK_NAMESPACE,
-                        "lock_id": lock_id(job, key),
+                        "slot_hi": slot_hi,
+                        "slot_lo": slot_lo,
                         "job": job,
                         "key": key,
                         "scheduled_for": scheduled_for,
                         "claimed_by": claimed_by,
                         "exclusive": exclusive,
-                        "job_ns": JOB_LOCK_NAMESPACE,
-                        "job_lock_id": job_id,
+                        "job_hi": job_hi,
+                        "job_lo": job_lo,
                     },
                 )
             ).one()
@@ -259,11 +254,11 @@ class PostgresDialect(Dialect):
         else:
             row = await driver.fetchrow(
                 DRIVER_LOCK_AND_CLAIM,
-                LOCK_NAMESPACE,
-                lock_id(job, key),
+                slot_hi,
+                slot_lo,
                 exclusive,
-                JOB_LOCK_NAMESPACE,
-                job_id,
+                job_hi,
+                job_lo,
                 job,
                 key,
                 scheduled_for,
@@ -358,6 +353,19 @@ class PostgresDialect(Dialect):
 
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
+
+    async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        hi, lo = slot_lock_key(job, key)
+        got = await conn.execute(
+            sa.text("SELECT pg_try_advisory_xact_lock(:hi, :lo)"), {"hi": hi, "lo": lo}
+        )
+        return bool(got.scalar())
+
+    def is_read_only(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) == _READ_ONLY
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) == _MISSING_COLUMN and "oncely_" in str(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
         if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):

@@ -110,6 +110,17 @@ def release(job: str, key: str) -> Any:
     return sa.delete(runs).where(runs.c.job == job, runs.c.key == key).returning(*runs.c)
 
 
+def claim_count(job: str) -> sa.Select[Any]:
+    """How many claims a job has."""
+    return sa.select(sa.func.count()).select_from(runs).where(runs.c.job == job)
+
+
+def rename_claims(old: str, new: str) -> sa.Update:
+    """Carry a job's claims to a new name, except keys the new name already has."""
+    taken = sa.select(runs.c.key).where(runs.c.job == new).scalar_subquery()
+    return sa.update(runs).where(runs.c.job == old, runs.c.key.not_in(taken)).values(job=new)
+
+
 def clear() -> sa.Delete:
     """Delete every claim (test databases only)."""
     return sa.delete(runs)

@@ -175,5 +175,28 @@ class SQLiteDialect(Dialect):
     def is_unavailable(self, exc: BaseException) -> bool:
         return "unable to open database file" in str(exc)
 
+    # try_lock_slot: the write transaction's BEGIN IMMEDIATE already excludes every attempt
+    # (a running one makes it busy, see Store.release).
+
+    def is_read_only(self, exc: BaseException) -> bool:
+        return "readonly database" in str(exc)
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        text = str(exc)
+        return ("no such column" in text or "has no column named" in text) or (
+            "no such table" in text and not self.is_missing_table(exc)
+        )
+
+    async def probe_writes(self, conn: AsyncConnection) -> None:
+        # A write that matches no row still needs a writable file (an immutable or read-only
+        # one answers SQLITE_READONLY); another writer holding the lock means it is writable.
+        try:
+            await conn.exec_driver_sql("DELETE FROM oncely_schema WHERE 1 = 0")
+        except sa.exc.OperationalError as exc:
+            if not (self.is_busy(exc) or self.is_missing_table(exc)):
+                raise
+        finally:
+            await conn.rollback()
+
     def is_busy(self, exc: BaseException) -> bool:
         return _is_busy(exc)

@@ -1,0 +1,109 @@
+"""`oncely release` of a running slot is refused the same way on both databases, and
+`oncely rename OLD NEW` carries a renamed job's ledger so the new name does not re-run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+from tests.conftest import ROOT
+from tests.reliability.helpers import APP, engine_for, snapshot
+
+from oncely.cli import cli
+
+NOW = "2026-12-01T10:00:00Z"
+KEY = "2026-12-01T10:00:00Z"
+
+
+def invoke(db_url: str, *args: str) -> Result:
+    sys.modules.pop(APP.split(":")[0], None)
+    return CliRunner().invoke(cli, ["--app", APP, "--database-url", db_url, *args])
+
+
+def claims(db_url: str) -> list[tuple[str, str]]:
+    engine = engine_for(db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT job, key FROM oncely_runs ORDER BY job, key")).all()
+    engine.dispose()
+    return [(r[0], r[1]) for r in rows]
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_release_of_a_running_slot_is_refused(db_url: str, tmp_path: Path) -> None:
+    assert invoke(db_url, "migrate").exit_code == 0
+    signal = tmp_path / "release-me"
+    env = {**os.environ, "ONCELY_APP": APP, "ONCELY_DATABASE_URL": db_url}
+    env["ONCELY_TEST_HOLD"] = str(signal)
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "oncely", "run", "hold", "--now", NOW],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(Path(f"{signal}.started"), holder)
+        refused = invoke(db_url, "release", "hold", KEY)
+        assert refused.exit_code == 2, refused.output
+        assert "is running right now" in refused.stderr, refused.stderr
+    finally:
+        signal.touch()
+        _out, err = holder.communicate(timeout=120)
+    assert holder.returncode == 0, err
+    assert claims(db_url) == [("hold", KEY)]  # the refusal deleted nothing
+    released = invoke(db_url, "release", "hold", KEY)
+    assert released.exit_code == 0, released.output
+    assert claims(db_url) == []
+
+
+def test_rename_carries_the_ledger(db_url: str) -> None:
+    assert invoke(db_url, "migrate").exit_code == 0
+    assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
+    assert invoke(db_url, "run", "minutely", "--now", "2026-12-01T10:01:00Z").exit_code == 0
+    done = invoke(db_url, "rename", "minutely", "every_minute")
+    assert done.exit_code == 0, done.output
+    assert "2 claims moved" in done.stdout
+    assert claims(db_url) == [("every_minute", KEY), ("every_minute", "2026-12-01T10:01:00Z")]
+    # NEW has claims now: a second rename into it is refused unless forced.
+    assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
+    before = snapshot(db_url)
+    refused = invoke(db_url, "rename", "minutely", "every_minute")
+    assert refused.exit_code == 2 and "already has 2 claims" in refused.stderr, refused.output
+    assert snapshot(db_url) == before
+    forced = invoke(db_url, "rename", "minutely", "every_minute", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert "0 claims moved; 1 left under minutely" in forced.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rename", "no_claims_yet", "other"],
+        ["rename", "minutely", "bad name!"],
+        ["rename", "minutely", "minutely"],
+        ["rename", "minutely", "x" * 300],
+        ["rename", "minutely"],
+    ],
+)
+def test_rename_bad_input_is_exit_2(db_url: str, args: list[str]) -> None:
+    assert invoke(db_url, "migrate").exit_code == 0
+    assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
+    before = snapshot(db_url)
+    result = invoke(db_url, *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert snapshot(db_url) == before
