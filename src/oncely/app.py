@@ -256,9 +256,12 @@ class Oncely:
 
     async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
         """Claims newest first: who ran each slot, when, and how long it took."""
-        if job is not None and not job.startswith("@"):  # "@scope": once-per-key effects
+        claims = await self.store.history(job, limit)
+        if job is not None and not claims and not job.startswith("@"):  # "@scope": effects
+            # Unknown means neither registered nor in the ledger: a database read without the
+            # app that wrote it (or a job since removed) still shows its history.
             self.registry.job(job)
-        return await self.store.history(job, limit)
+        return claims
 
     async def last_runs(self) -> dict[str, Claim]:
         """The newest claim of each job that has one."""
