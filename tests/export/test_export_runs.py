@@ -40,15 +40,15 @@ def test_eventbridge_command_with_the_scheduled_time_runs_that_slot_once(db_url:
     assert migrate.returncode == 0, migrate.stderr
     # EventBridge substitutes the slot's scheduled time; a retry gets the same one, and a
     # late start (here: the slot is long past) still maps to that slot.
-    scheduled = [a.replace("<aws.scheduler.scheduled-time>", "2027-02-01T09:15:00Z") for a in argv]
+    scheduled = [a.replace("<aws.scheduler.scheduled-time>", "2026-02-01T09:15:00Z") for a in argv]
     first, retry = _run(scheduled, db_url), _run(scheduled, db_url)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.startswith("ran quarter_hours slot 2027-02-01T09:15:00+00:00 ")
+    assert first.stdout.startswith("ran quarter_hours slot 2026-02-01T09:15:00+00:00 ")
     assert retry.returncode == 0, retry.stderr
-    assert retry.stdout.startswith("skipped quarter_hours slot 2027-02-01T09:15:00+00:00 ")
+    assert retry.stdout.startswith("skipped quarter_hours slot 2026-02-01T09:15:00+00:00 ")
     history = _run(["oncely", "--app", "exportapp", "history", "quarter_hours", "--json"], db_url)
     claims = json.loads(history.stdout)
-    assert [c["key"] for c in claims] == ["2027-02-01T09:15:00Z"]
+    assert [c["key"] for c in claims] == ["2026-02-01T09:15:00Z"]
 
 
 def test_cronjob_command_runs_the_latest_due_slot_once(db_url: str) -> None:

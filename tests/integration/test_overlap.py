@@ -75,7 +75,7 @@ def test_oncely_run_reports_overlap_from_another_process(
             "run",
             "close_then_hang",
             "--now",
-            "2026-11-27T18:00:00-06:00",
+            "2026-11-20T18:00:00-06:00",
         ],
         cwd=ROOT,
         env={**os.environ, **env},
@@ -88,14 +88,14 @@ def test_oncely_run_reports_overlap_from_another_process(
         assert time.monotonic() < deadline, "the holder never started"
         time.sleep(0.02)
     next_week = run_cli(
-        "run", "close_then_hang", "--now", "2026-12-04T18:00:00-06:00", cwd=ROOT, env=env
+        "run", "close_then_hang", "--now", "2026-11-27T18:00:00-06:00", cwd=ROOT, env=env
     )
     (tmp_path / "release").touch()
     assert holder.wait(timeout=30) == 0
     assert next_week.returncode == 0
-    assert next_week.stdout.startswith("overlap close_then_hang slot 2026-12-04T18:00:00-06:00")
+    assert next_week.stdout.startswith("overlap close_then_hang slot 2026-11-27T18:00:00-06:00")
     assert "run.overlap_skipped" in next_week.stderr
     with engine.connect() as conn:
         keys = [r[0] for r in conn.execute(sa.text("SELECT key FROM oncely_runs"))]
     engine.dispose()
-    assert keys == ["2026-11-28T00:00:00Z"]
+    assert keys == ["2026-11-21T00:00:00Z"]
