@@ -233,11 +233,11 @@ class Oncely:
         was processed before (skip the work: it is logged as `effect.skipped`). The block's
         writes commit with the claim; an exception rolls both back and frees the key.
         """
-        return Effect(self, key, scope)
+        return Effect(self.store, key, scope)
 
     def effect_sync(self, key: str, *, scope: str = DEFAULT_SCOPE) -> SyncEffect:
         """`with app.effect_sync("charge:42") as session:` — `effect` for synchronous code."""
-        return SyncEffect(self, key, scope)
+        return SyncEffect(self.store, key, scope)
 
     def once(self, key: Callable[..., str], *, scope: str = DEFAULT_SCOPE) -> OnceDecorator:
         """Make a handler `f(db, *args)` take effect once per `key(*args)`.
@@ -246,7 +246,7 @@ class Oncely:
         value) or `skipped` (a duplicate: `f` was not called); an exception rolls back, frees
         the key and propagates, so the caller's queue retries.
         """
-        return OnceDecorator(self, key, scope)
+        return OnceDecorator(lambda: self.store, key, scope)
 
     # -- the ledger ---------------------------------------------------------------------
 

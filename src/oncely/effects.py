@@ -16,25 +16,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from . import events
-from .errors import BadInputError, ConfigError, JobTransactionError
+from .errors import BadInputError, ConfigError
 from .identity import replica_id
 from .model import Claim, RunStatus
 from .registry import session_first_signature
-from .store import violation
-
-if TYPE_CHECKING:
-    from .app import Oncely
+from .runner import RAN, Outcome, Stage, after_call, commit, not_claimed, report
+from .store import Store
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -94,8 +90,8 @@ def check_key(key: object) -> str:
 
 
 class _EffectBase:
-    def __init__(self, app: Oncely, key: str, scope: str, name: str | None = None) -> None:
-        self.app = app
+    def __init__(self, store: Store, key: str, scope: str, name: str | None = None) -> None:
+        self.store = store
         self.key = check_key(key)
         self.scope = scope
         self.job = ledger_job(scope)
@@ -105,47 +101,26 @@ class _EffectBase:
         """Set when the block ends: ran, skipped or failed."""
         self._started = 0.0
 
-    def _fields(self) -> dict[str, Any]:
-        return {"job": self.job, "key": self.key, "effect": self.name, "replica": replica_id()}
-
-    def _done(self, status: RunStatus, **extra: Any) -> None:
+    def _end(self, outcome: Outcome) -> None:
+        """Record what the attempt came to as `.result`, and report its one event."""
+        duration = time.perf_counter() - self._started
         self.result = EffectResult(
             scope=self.scope,
             key=self.key,
-            status=status,
-            duration=time.perf_counter() - self._started,
-            **extra,
+            status=outcome.status,
+            duration=duration,
+            claim=outcome.claim,
+            error=outcome.error,
         )
+        fields = {"job": self.job, "key": self.key, "effect": self.name, "replica": replica_id()}
+        report("effect", outcome, duration, fields)
 
-    def _skipped(self, claim: Claim | None) -> None:
-        self._done(RunStatus.SKIPPED, claim=claim)
-        events.emit(
-            "effect.skipped",
-            "already processed, skipping",
-            claimed_by=claim.claimed_by if claim else None,
-            claimed_at=claim.claimed_at.isoformat() if claim else None,
-            **self._fields(),
-        )
-
-    def _failed(self, exc: BaseException, what: str) -> None:
-        self._done(RunStatus.FAILED, error=exc)
-        events.emit(
-            "effect.failed",
-            what,
-            level=logging.ERROR,
-            error=f"{type(exc).__name__}: {exc}",
-            **self._fields(),
-        )
-
-    def _ran(self) -> None:
-        self._done(RunStatus.RAN)
-        assert self.result is not None
-        events.emit(
-            "effect.ran",
-            "ran",
-            duration_ms=round(self.result.duration * 1000, 1),
-            **self._fields(),
-        )
+    def _ended(self, outcome: Outcome) -> None:
+        """`_end`, then raise what oncely itself stopped the block for (the body's own
+        exception propagates by itself)."""
+        self._end(outcome)
+        if outcome.stage is not Stage.CALL and outcome.error is not None:
+            raise outcome.error
 
 
 class Effect(_EffectBase):
@@ -161,56 +136,40 @@ class Effect(_EffectBase):
 
     async def __aenter__(self) -> AsyncSession | None:
         self._started = time.perf_counter()
-        store = self.app.store
+        store = self.store
         await store.ensure_schema()
         self._stack = contextlib.AsyncExitStack()
         session = await self._stack.enter_async_context(store.attempt())
+        self._session = None
         try:
             claimed = await store.claim_effect(session, self.job, self.key, replica_id())
-            if not claimed:
-                claim = await store.claim_in(session, self.job, self.key)
+            claim = None if claimed else await store.claim_in(session, self.job, self.key)
+            self._session = session if claimed else None
+        finally:
+            if self._session is None:  # a duplicate, or the claim failed
                 await store.abandon(session)
-                self._skipped(claim)
-                self._session = None
                 await self._stack.aclose()
-                return None
-        except BaseException:
-            await store.abandon(session)
-            await self._stack.aclose()
-            raise
-        self._session = session
-        return session
+        if self._session is None:
+            self._end(not_claimed(RunStatus.SKIPPED, claim))
+        return self._session
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         session = self._session
         if session is None:
-            return None
-        store = self.app.store
+            return
         try:
-            if exc is not None:
-                await store.abandon(session)
-                self._failed(exc, "the body raised; rolled back, the key is free")
-                return None
-            what = violation(session.sync_session)
-            if what is not None:
-                await store.abandon(session)
-                error = JobTransactionError(f"the effect's body called {what}() on its session")
-                self._failed(error, "the body ended oncely's transaction; rolled back")
-                raise error
-            try:
-                await store.finish(session, self.job, self.key)
-            except BaseException as commit_error:
-                await store.abandon(session)
-                self._failed(commit_error, "the commit failed; rolled back, the key is free")
-                raise
-            self._ran()
-            return None
+            outcome = after_call(session.sync_session, exc, "the effect's body")
+            if outcome is None:
+                outcome = await commit(self.store, session, self.job, self.key, catch=BaseException)
+            else:
+                await self.store.abandon(session)
+            self._ended(outcome)
         finally:
             await self._stack.aclose()
 
 
 class SyncEffect(_EffectBase):
-    """`with app.effect_sync(key) as session:` — the synchronous twin of `Effect`.
+    """`with app.effect_sync(key) as session:` — `Effect` for synchronous code.
 
     Runs on a synchronous engine for the app's database (psycopg2 for Postgres, the stdlib
     sqlite3 for SQLite), so it works in a Celery, RQ or Dramatiq worker without an event loop.
@@ -220,45 +179,35 @@ class SyncEffect(_EffectBase):
 
     def __enter__(self) -> Session | None:
         self._started = time.perf_counter()
-        store = self.app.store
+        store = self.store
         session = store.sync_sessions()
+        self._session = None
         try:
             claimed = store.claim_effect_sync(session, self.job, self.key, replica_id())
-            if not claimed:
-                claim = store.claim_in_sync(session, self.job, self.key)
+            claim = None if claimed else store.claim_in_sync(session, self.job, self.key)
+            self._session = session if claimed else None
+        finally:
+            if self._session is None:  # a duplicate, or the claim failed
                 store.abandon_sync(session)
-                self._skipped(claim)
-                self._session = None
-                return None
-        except BaseException:
-            store.abandon_sync(session)
-            raise
-        self._session = session
-        return session
+        if self._session is None:
+            self._end(not_claimed(RunStatus.SKIPPED, claim))
+        return self._session
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         session = self._session
         if session is None:
-            return None
-        store = self.app.store
+            return
         try:
-            if exc is not None:
-                self._failed(exc, "the body raised; rolled back, the key is free")
-                return None
-            what = violation(session)
-            if what is not None:
-                error = JobTransactionError(f"the effect's body called {what}() on its session")
-                self._failed(error, "the body ended oncely's transaction; rolled back")
-                raise error
-            try:
-                store.finish_sync(session, self.job, self.key)
-            except BaseException as commit_error:
-                self._failed(commit_error, "the commit failed; rolled back, the key is free")
-                raise
-            self._ran()
-            return None
+            outcome = after_call(session, exc, "the effect's body")
+            if outcome is None:
+                try:
+                    self.store.finish_sync(session, self.job, self.key)
+                    outcome = RAN
+                except BaseException as commit_error:
+                    outcome = Outcome(RunStatus.FAILED, Stage.COMMIT, error=commit_error)
+            self._ended(outcome)
         finally:
-            store.abandon_sync(session)
+            self.store.abandon_sync(session)
 
 
 def _call_signature(func: Callable[..., Any]) -> inspect.Signature:
@@ -278,16 +227,17 @@ class OnceHandler(Generic[P, R]):
 
     The function receives the session first, then the caller's arguments; `key` receives the
     caller's arguments and returns the key. `handler.__wrapped__` is the original function.
+    `store` gives the app's store when a call needs it (after the app's database is set).
     """
 
     def __init__(
         self,
-        app: Oncely,
+        store: Callable[[], Store],
         func: Callable[Concatenate[Any, P], Any],
         key: Callable[P, str],
         scope: str,
     ) -> None:
-        self.app = app
+        self.store = store
         self.func = func
         self.key = key
         self.scope = scope
@@ -304,7 +254,7 @@ class OnceHandler(Generic[P, R]):
 
 class AsyncOnceHandler(OnceHandler[P, R]):
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> EffectResult[R]:
-        effect = Effect(self.app, self.key_for(*args, **kwargs), self.scope, self.name)
+        effect = Effect(self.store(), self.key_for(*args, **kwargs), self.scope, self.name)
         value: R | None = None
         async with effect as db:
             if db is not None:
@@ -315,7 +265,7 @@ class AsyncOnceHandler(OnceHandler[P, R]):
 
 class SyncOnceHandler(OnceHandler[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> EffectResult[R]:
-        effect = SyncEffect(self.app, self.key_for(*args, **kwargs), self.scope, self.name)
+        effect = SyncEffect(self.store(), self.key_for(*args, **kwargs), self.scope, self.name)
         value: R | None = None
         with effect as session:
             if session is not None:
@@ -327,11 +277,11 @@ class SyncOnceHandler(OnceHandler[P, R]):
 class OnceDecorator:
     """What `app.once(key=...)` returns: applied to an async or a plain function."""
 
-    def __init__(self, app: Oncely, key: Callable[..., str], scope: str) -> None:
+    def __init__(self, store: Callable[[], Store], key: Callable[..., str], scope: str) -> None:
         if not callable(key):
             raise ConfigError("once(key=...) must be a function of the handler's arguments")
         ledger_job(scope)
-        self.app = app
+        self.store = store
         self.key = key
         self.scope = scope
 
@@ -347,5 +297,5 @@ class OnceDecorator:
         if not callable(func):
             raise ConfigError(f"@once: {func!r} is not callable")
         if inspect.iscoroutinefunction(func):
-            return AsyncOnceHandler(self.app, func, self.key, self.scope)
-        return SyncOnceHandler(self.app, func, self.key, self.scope)
+            return AsyncOnceHandler(self.store, func, self.key, self.scope)
+        return SyncOnceHandler(self.store, func, self.key, self.scope)

@@ -21,11 +21,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from . import events
-from .errors import BadInputError, ConfigError, PayloadError, UnknownTaskError
+from .errors import (
+    BadInputError,
+    ConfigError,
+    DatabaseUnavailableError,
+    PayloadError,
+    UnknownTaskError,
+)
 from .model import TaskRecord
 from .registry import session_first_signature
 from .retry import DEFAULT_POLICY, RetryPolicy
-from .store import task_store
+from .store import Store, task_store
 
 TaskFunc = Callable[..., Awaitable[Any] | Any]
 RESERVED = ("idempotency_key", "run_at", "delay")
@@ -205,6 +211,51 @@ class Task:
         records = await task_store.enqueue(db, entries)
         _report(records)
         return records
+
+    async def enqueue_committed(
+        self,
+        store: Store,
+        *,
+        idempotency_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> TaskRecord:
+        """Queue one run in a transaction of its own, committed on return: for a producer
+        with no transaction to join (the CLI, a test). DatabaseUnavailableError if the
+        connection was lost during COMMIT and the task did not land, or cannot be read back
+        (see `enqueue_read_back` to tell the two apart)."""
+        rec, landed = await self.enqueue_read_back(
+            store, idempotency_key=idempotency_key, run_at=run_at, delay=delay, **kwargs
+        )
+        if landed is None:
+            raise DatabaseUnavailableError(
+                f"the connection was lost during COMMIT of {rec.task} id {rec.id} and the task "
+                "could not be read back: it may or may not be queued"
+            )
+        if not landed:
+            raise DatabaseUnavailableError(
+                f"the connection was lost during COMMIT and task {rec.task} id {rec.id} is not "
+                "in the database: it rolled back, nothing was enqueued"
+            )
+        return rec
+
+    async def enqueue_read_back(
+        self,
+        store: Store,
+        *,
+        idempotency_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> tuple[TaskRecord, bool | None]:
+        """`enqueue_committed`, and whether the task committed: True; after a connection lost
+        during COMMIT, False (it rolled back) or None (it cannot be read back: unknown)."""
+        entry = self.entry(kwargs, idempotency_key, run_at, delay)
+        (rec,), landed = await store.enqueue([entry])
+        if landed:
+            _report([rec])
+        return rec, landed
 
     def enqueue_sync(
         self,

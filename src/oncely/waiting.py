@@ -17,7 +17,7 @@ from datetime import datetime
 from .model import Claim
 from .registry import Job
 from .store import Store
-from .store.dialect import ClaimOutcome
+from .store.dialect import ClaimOutcome, ClaimRequest
 
 POLL = 0.2
 """Seconds between two looks at a busy slot."""
@@ -50,7 +50,8 @@ async def wait_for_holder(
         if claim is not None:
             return Waited(Held.RAN, claim, time.monotonic() - started)
         async with store.attempt() as session:
-            outcome = await store.lock_and_claim(session, job.name, key, slot, replica)
+            request = ClaimRequest(job=job.name, key=key, scheduled_for=slot, claimed_by=replica)
+            outcome = await store.lock_and_claim(session, request)
             await store.abandon(session)  # a probe: never keep the claim
         if outcome is ClaimOutcome.TAKEN:
             continue  # committed between the read and the probe: read it

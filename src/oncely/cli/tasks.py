@@ -9,13 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 import click
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from .. import queue
 from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
 from ..model import TaskRecord, TaskState
-from ..store.outcome import task_landed
 from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -71,21 +69,9 @@ def enqueue(
     definition.entry(kwargs, idempotency_key, None, wait)  # bad input: exit 2, nothing touched
 
     async def go(app: Oncely) -> tuple[TaskRecord, bool | None]:
-        await app.store.ensure_schema()
-        async with AsyncSession(app.store.engine) as db:
-            with app.store.translate():
-                await db.begin()
-                rec = await definition.enqueue(
-                    db, idempotency_key=idempotency_key, delay=wait, **kwargs
-                )
-            try:
-                with app.store.translate():
-                    await db.commit()
-            except DatabaseUnavailableError:
-                if rec.duplicate:
-                    raise  # nothing was inserted: a lost COMMIT changed nothing
-                return rec, await task_landed(app.store, rec.id)
-        return rec, True
+        return await definition.enqueue_read_back(
+            app.store, idempotency_key=idempotency_key, delay=wait, **kwargs
+        )
 
     rec, landed = obj.call(go)
     if landed is None:

@@ -143,7 +143,7 @@ async def prepare(app: Oncely) -> None:
     """oncely's tables, the demo's tables (fresh) and each scenario's starting data."""
     await app.migrate()
     await app.release("leaderboard_close", lb.week_key(SLOT))  # a kept earlier run's claim
-    async with app.store.engine.begin() as conn:
+    async with app.store.transaction() as conn:
         await conn.run_sync(lb.metadata.drop_all)
         await conn.run_sync(lb.metadata.create_all)
         for scenario in SCENARIOS:
@@ -156,7 +156,7 @@ async def prepare(app: Oncely) -> None:
 async def tally(app: Oncely) -> tuple[dict[str, Tally], int]:
     """Count each scenario's notifications, coins, threads and closers; and oncely's claims."""
     tallies = {s.name: Tally() for s in SCENARIOS}
-    async with app.store.engine.connect() as conn:
+    async with app.store.transaction() as conn:
         for scenario, member, n in await conn.execute(
             sa.select(lb.notifications.c.scenario, lb.notifications.c.member, sa.func.count())
             .group_by(lb.notifications.c.scenario, lb.notifications.c.member)
@@ -179,7 +179,6 @@ async def tally(app: Oncely) -> tuple[dict[str, Tally], int]:
             sa.select(lb.threads.c.scenario, sa.func.count()).group_by(lb.threads.c.scenario)
         ):
             tallies[scenario].threads = int(n)
-        await conn.rollback()
     claims = [c for c in await app.store.history("leaderboard_close") if c.key == lb.week_key(SLOT)]
     return tallies, len(claims)
 
@@ -187,7 +186,7 @@ async def tally(app: Oncely) -> tuple[dict[str, Tally], int]:
 async def clean(app: Oncely, *, drop_oncely_tables: bool) -> None:
     """Remove what the demo wrote to a database it did not create."""
     await app.release("leaderboard_close", lb.week_key(SLOT))
-    async with app.store.engine.begin() as conn:
+    async with app.store.transaction() as conn:
         await conn.run_sync(lb.metadata.drop_all)
         if drop_oncely_tables:
             await conn.run_sync(oncely_metadata.drop_all)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib.util
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ from sqlalchemy.pool import NullPool
 from .. import hooks
 from ..errors import (
     BadInputError,
-    ConfigError,
     DatabaseError,
     DatabaseReadOnlyError,
     DatabaseUnavailableError,
@@ -39,12 +37,15 @@ from ..errors import (
     SchemaTooNewError,
 )
 from ..masking import mask_url
-from ..model import Claim
-from . import sql, tasks_sql
-from .dialect import ClaimOutcome, Dialect
+from ..model import Claim, TaskRecord
+from . import sql, task_store, tasks_sql
+from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
+from .dialect import ClaimOutcome, ClaimRequest
+from .dialects import dialect_for
 from .held import HeldConnections
 from .migrations import LATEST, MIGRATIONS, REQUIRED
-from .postgres import PostgresDialect
+from .outcome import task_landed
+from .plan import run, run_async
 from .session import (
     AttemptSession,
     attempt_driver,
@@ -54,7 +55,6 @@ from .session import (
     set_attempt_driver,
     violation,
 )
-from .sqlite import BUSY_MS_OPTION, READ_ONLY_OPTION, SQLiteDialect
 from .tables import metadata, schema_versions
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ __all__ = [
     "LATEST",
     "AttemptSession",
     "ClaimOutcome",
+    "ClaimRequest",
     "Store",
     "dialect_for",
     "mask_url",
@@ -100,41 +101,12 @@ def normalize_url(url: str) -> str:
 def sync_url(url: str) -> str:
     """The same database with a synchronous driver: psycopg2, psycopg 3 (`sync`), or pysqlite."""
     parsed = make_url(normalize_url(url))
-    if parsed.get_backend_name() == "sqlite":
-        return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
-    for module, driver in (("psycopg2", "postgresql+psycopg2"), ("psycopg", "postgresql+psycopg")):
-        if importlib.util.find_spec(module) is not None:
-            return parsed.set(drivername=driver).render_as_string(hide_password=False)
-    raise ConfigError(
-        "synchronous effects on Postgres need a sync driver: pip install 'psycopg[binary]' "
-        "(psycopg 3, what oncely's `sync` extra installs), or psycopg2"
-    )
+    driver = dialect_for(parsed.get_backend_name()).sync_driver()
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 
 RELEASE_BUSY_MS = 500
 """How long `release` waits on SQLite for the write lock before answering "running"."""
-
-# Dialects hold no per-engine state; sharing one per database shares its prebuilt statements.
-_DIALECTS: dict[str, Dialect] = {"postgresql": PostgresDialect(), "sqlite": SQLiteDialect()}
-
-
-def dialect_for(name: str) -> Dialect:
-    """The Dialect for a SQLAlchemy dialect name."""
-    dialect = _DIALECTS.get(name)
-    if dialect is None:
-        raise BadInputError(f"oncely supports Postgres and SQLite, not {name!r}")
-    return dialect
-
-
-def _claim(row: Any) -> Claim:
-    return Claim(
-        job=row.job,
-        key=row.key,
-        scheduled_for=row.scheduled_for,
-        claimed_at=row.claimed_at,
-        claimed_by=row.claimed_by,
-        finished_at=row.finished_at,
-    )
 
 
 class Store:
@@ -188,6 +160,12 @@ class Store:
     def display_url(self) -> str:
         """The database URL with its credentials masked (userinfo and query string)."""
         return mask_url(self.engine.url.render_as_string(hide_password=False))
+
+    @property
+    def url(self) -> str:
+        """The database URL, password included: for a child process that connects to the
+        same database (never for a message or a log: see `display_url`)."""
+        return self.engine.url.render_as_string(hide_password=False)
 
     async def dispose(self) -> None:
         """Close the pool if oncely built the engine (a user's engine is theirs to close)."""
@@ -373,43 +351,23 @@ class Store:
                 with contextlib.suppress(Exception):
                     await conn.close()
 
-    async def lock_and_claim(
-        self,
-        session: AsyncSession,
-        job: str,
-        key: str,
-        scheduled_for: datetime | None,
-        claimed_by: str,
-        *,
-        busy_ms: int = 200,
-        exclusive: bool = False,
-    ) -> ClaimOutcome:
-        """Open the attempt's transaction, take the slot's lock without queueing, and claim.
-
-        `busy_ms` bounds how long SQLite may wait for its write lock before answering BUSY;
-        Postgres never waits (its lock is a try-lock). With `exclusive`, OVERLAP if another
-        slot of the same job is running anywhere.
-        """
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+        """Open the attempt's transaction, take the slot's lock without queueing, and claim
+        (see ClaimRequest for what `busy_ms` and `exclusive` ask)."""
         with self.translate():
-            return await self.dialect.lock_and_claim(
-                session, job, key, scheduled_for, claimed_by, busy_ms, exclusive
-            )
+            return await self.dialect.lock_and_claim(session, request)
 
     async def claim_in(self, session: AsyncSession, job: str, key: str) -> Claim | None:
         """The committed claim of a slot, read in the given session."""
         with self.translate():
-            row = (await session.execute(sql.get_claim(job, key))).first()
-        return _claim(row) if row is not None else None
+            return await run_async(session, claim_in_plan(job, key))
 
     async def finish(self, session: AsyncSession, job: str, key: str) -> None:
         """Stamp the run's end on its claim and commit work and claim together."""
         driver = attempt_driver(session)
         with self.translate():
             if driver is None:
-                await session.execute(
-                    self.dialect.finish_statement,
-                    {"claim_job": job, "claim_key": key, **self.dialect.now_params()},
-                )
+                await run_async(session, finish_plan(self.dialect, job, key))
                 hooks.before_commit(job, key)
                 hand_back(session.sync_session)
                 await session.commit()
@@ -442,8 +400,7 @@ class Store:
         concurrent duplicate ends as a skip once the first commits, or runs if it rolled back.
         """
         with self.translate():
-            row = (await session.execute(self._claim_statement(job, key, claimed_by))).first()
-        return row is not None
+            return await run_async(session, claim_plan(self.dialect, job, key, claimed_by))
 
     @property
     def sync_sessions(self) -> sessionmaker[AttemptSession]:
@@ -463,19 +420,17 @@ class Store:
     def claim_effect_sync(self, session: Session, job: str, key: str, claimed_by: str) -> bool:
         """`claim_effect` on a synchronous session."""
         with self.translate():
-            row = session.execute(self._claim_statement(job, key, claimed_by)).first()
-        return row is not None
+            return run(session, claim_plan(self.dialect, job, key, claimed_by))
 
     def claim_in_sync(self, session: Session, job: str, key: str) -> Claim | None:
         """The committed claim of a key, read in the given synchronous session."""
         with self.translate():
-            row = session.execute(sql.get_claim(job, key)).first()
-        return _claim(row) if row is not None else None
+            return run(session, claim_in_plan(job, key))
 
     def finish_sync(self, session: Session, job: str, key: str) -> None:
         """`finish` on a synchronous session: stamp the end, commit work and claim together."""
         with self.translate():
-            session.execute(sql.finish(job, key, self.dialect.now()))
+            run(session, finish_plan(self.dialect, job, key))
             hooks.before_commit(job, key)
             hand_back(session)
             session.commit()
@@ -488,9 +443,6 @@ class Store:
         with contextlib.suppress(Exception):
             session.close()
 
-    def _claim_statement(self, job: str, key: str, claimed_by: str) -> Any:
-        return sql.claim(self.dialect.insert(), job, key, None, claimed_by, self.dialect.now())
-
     async def clear(self) -> int:
         """Delete every claim and every task (for test databases); how many claims there were."""
         with self.translate():
@@ -502,16 +454,16 @@ class Store:
 
     async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
         """Claims, newest first."""
-        return [_claim(r) for r in await self._read(sql.history(job, limit))]
+        return [claim_from_row(r) for r in await self._read(sql.history(job, limit))]
 
     async def last_claims(self) -> dict[str, Claim]:
         """The newest claim of each job that has one."""
-        return {r.job: _claim(r) for r in await self._read(sql.last_claims())}
+        return {r.job: claim_from_row(r) for r in await self._read(sql.last_claims())}
 
     async def get_claim(self, job: str, key: str) -> Claim | None:
         """The claim of one slot, if any."""
         rows = await self._read(sql.get_claim(job, key))
-        return _claim(rows[0]) if rows else None
+        return claim_from_row(rows[0]) if rows else None
 
     async def last_slots(self) -> dict[str, datetime]:
         """The newest claimed slot time of each job that has one (the worker's catch-up floor)."""
@@ -529,6 +481,53 @@ class Store:
                 await conn.rollback()
         assert isinstance(now, datetime)
         return now
+
+    def is_busy(self, exc: BaseException) -> bool:
+        """Whether an error (or the driver error it was translated from) means another
+        transaction held the lock a statement needed (SQLite's write lock): worth a retry."""
+        return self.dialect.is_busy(exc.__cause__ or exc)
+
+    def listen(
+        self, on_notify: Callable[[], None], *, engine: AsyncEngine | None = None
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify()` whenever tasks are enqueued, while the context is open (on a
+        connection of `engine`, default the store's); yields whether notifications work
+        (without them a worker relies on polling alone)."""
+        return self.dialect.listener(engine or self.engine, on_notify)
+
+    async def enqueue(
+        self, entries: Sequence[dict[str, Any]]
+    ) -> tuple[list[TaskRecord], bool | None]:
+        """Insert tasks in a transaction of their own, committed on return (a producer with
+        no transaction to join: the CLI, a test); see `task_store.enqueue` for `entries`.
+
+        With the records, whether they committed: True; or, when the connection was lost
+        during COMMIT, what reading the first new task back says (False: rolled back; None:
+        it cannot be read, the outcome is unknown). A lost COMMIT of duplicates only, which
+        inserted nothing, raises DatabaseUnavailableError.
+        """
+        await self.ensure_schema()
+        async with AsyncSession(self.engine) as db:
+            with self.translate():
+                await db.begin()
+                records = await task_store.enqueue(db, entries)
+            try:
+                with self.translate():
+                    await db.commit()
+            except DatabaseUnavailableError:
+                new = [rec for rec in records if not rec.duplicate]
+                if not new:
+                    raise  # nothing was inserted: a lost COMMIT changed nothing
+                return records, await task_landed(self, new[0].id)
+        return records, True
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction of its own on this database, committed on a normal
+        exit: for an application's own tables beside oncely's (a demo's data, a fixture)."""
+        with self.translate():
+            async with self.engine.begin() as conn:
+                yield conn
 
     def is_unavailable(self, exc: BaseException) -> bool:
         """Whether an error a job's attempt died of means the database itself is unreachable."""
@@ -551,7 +550,9 @@ class Store:
         with self.translate():
             try:
                 async with self.engine.connect() as conn:
-                    conn = await conn.execution_options(**{BUSY_MS_OPTION: RELEASE_BUSY_MS})
+                    conn = await conn.execution_options(
+                        **self.dialect.busy_options(RELEASE_BUSY_MS)
+                    )
                     async with conn.begin():
                         if not await self.dialect.try_lock_slot(conn, job, key):
                             raise running
@@ -560,7 +561,7 @@ class Store:
                 if self.dialect.is_busy(exc):
                     raise running from None
                 raise
-        return _claim(row) if row is not None else None
+        return claim_from_row(row) if row is not None else None
 
     async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
         """Carry job `old`'s claims to `new` so its slots stay claimed under the new name;
@@ -586,7 +587,7 @@ class Store:
     @contextlib.asynccontextmanager
     async def _reader(self) -> AsyncIterator[AsyncConnection]:
         async with self.engine.connect() as conn:
-            yield await conn.execution_options(**{READ_ONLY_OPTION: True})
+            yield await conn.execution_options(**self.dialect.read_only_options())
 
     async def _read(self, stmt: Any) -> list[Any]:
         await self.ensure_schema()

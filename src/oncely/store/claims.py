@@ -1,8 +1,12 @@
-"""The bare claim, on a caller's own transaction: the primitive everything else rests on."""
+"""The bare claim, on a caller's own transaction: the primitive everything else rests on.
+
+The claim, the read of a claim and the stamp of a run's end are each written once, as a plan
+(see `plan`), and run on synchronous and asynchronous sessions alike.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -11,24 +15,55 @@ from sqlalchemy.orm import Session
 
 from ..errors import DatabaseError, SchemaMissingError
 from ..identity import replica_id
-from . import dialect_for, postgres
+from ..model import Claim
+from . import sql
 from .dialect import MISSING_TABLES, Dialect
+from .dialects import dialect_for, driver_dialect
+from .plan import Plan, run, run_async
 
 
-def _raise_translated(dialect: Dialect, exc: Exception) -> None:
+def raise_translated(dialect: Dialect, exc: Exception) -> NoReturn:
+    """A driver error of a statement oncely sent in the caller's transaction, as an
+    OncelyError (SchemaMissingError for a missing table, else DatabaseError)."""
     if dialect.is_missing_table(exc):
         raise SchemaMissingError(MISSING_TABLES) from exc
     raise DatabaseError(f"claiming failed: {getattr(exc, 'orig', None) or exc}") from exc
 
 
-def _params(dialect: Dialect, job: str, key: str) -> dict[str, Any]:
-    return {
+def claim_from_row(row: Any) -> Claim:
+    """An oncely_runs row as a Claim."""
+    return Claim(
+        job=row.job,
+        key=row.key,
+        scheduled_for=row.scheduled_for,
+        claimed_at=row.claimed_at,
+        claimed_by=row.claimed_by,
+        finished_at=row.finished_at,
+    )
+
+
+def claim_plan(dialect: Dialect, job: str, key: str, claimed_by: str) -> Plan[bool]:
+    """Claim (job, key) in the open transaction; True if the claim is ours."""
+    params = {
         "job": job,
         "key": key,
         "scheduled_for": None,
-        "claimed_by": replica_id(),
+        "claimed_by": claimed_by,
         **dialect.now_params(),
     }
+    row = (yield dialect.claim_statement, params).first()
+    return row is not None
+
+
+def claim_in_plan(job: str, key: str) -> Plan[Claim | None]:
+    """The claim of (job, key) as the open transaction sees it."""
+    row = (yield sql.get_claim(job, key), None).first()
+    return claim_from_row(row) if row is not None else None
+
+
+def finish_plan(dialect: Dialect, job: str, key: str) -> Plan[None]:
+    """Stamp the end of the run claimed as (job, key), before its commit."""
+    yield dialect.finish_statement, {"claim_job": job, "claim_key": key, **dialect.now_params()}
 
 
 async def claim_run(session: AsyncSession | AsyncConnection | Any, job: str, key: str) -> bool:
@@ -40,17 +75,17 @@ async def claim_run(session: AsyncSession | AsyncConnection | Any, job: str, key
     `session` is an AsyncSession, an AsyncConnection, or a bare asyncpg connection, which
     must be inside a transaction (`async with conn.transaction():`).
     """
-    if postgres.is_driver_connection(session):
-        return await postgres.claim_on_driver(session, job, key, replica_id())
+    driver = driver_dialect(session)
+    if driver is not None:
+        return await driver.claim_on_driver(session, job, key, replica_id())
     if isinstance(session, AsyncSession):
         dialect = dialect_for((await session.connection()).dialect.name)
     else:
         dialect = dialect_for(session.dialect.name)
     try:
-        row = (await session.execute(dialect.claim_statement, _params(dialect, job, key))).first()
+        return await run_async(session, claim_plan(dialect, job, key, replica_id()))
     except DBAPIError as exc:
-        _raise_translated(dialect, exc)
-    return row is not None
+        raise_translated(dialect, exc)
 
 
 def claim_run_sync(session: Session | Connection, job: str, key: str) -> bool:
@@ -59,7 +94,6 @@ def claim_run_sync(session: Session | Connection, job: str, key: str) -> bool:
     bind = session.connection() if isinstance(session, Session) else session
     dialect = dialect_for(bind.dialect.name)
     try:
-        row = session.execute(dialect.claim_statement, _params(dialect, job, key)).first()
+        return run(session, claim_plan(dialect, job, key, replica_id()))
     except DBAPIError as exc:
-        _raise_translated(dialect, exc)
-    return row is not None
+        raise_translated(dialect, exc)

@@ -6,7 +6,8 @@ import abc
 import contextlib
 import enum
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,6 +38,30 @@ class ClaimOutcome(enum.Enum):
     """Another slot of the same job is running right now (asked for with `exclusive`)."""
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One attempt's ask of `lock_and_claim`: which slot, by whom, and how to try."""
+
+    job: str
+    key: str
+    scheduled_for: datetime | None
+    claimed_by: str
+    busy_ms: int = 200
+    """How long SQLite may wait for its write lock before answering BUSY (Postgres never
+    waits: its lock is a try-lock)."""
+    exclusive: bool = False
+    """Also take the job's lock: OVERLAP while another slot of the job runs anywhere."""
+
+    def claim_params(self) -> dict[str, Any]:
+        """The parameters of `Dialect.claim_statement` for this slot (database time aside)."""
+        return {
+            "job": self.job,
+            "key": self.key,
+            "scheduled_for": self.scheduled_for,
+            "claimed_by": self.claimed_by,
+        }
+
+
 class Dialect(abc.ABC):
     """The database-specific half of the store."""
 
@@ -64,6 +89,21 @@ class Dialect(abc.ABC):
 
     def configure_sync_engine(self, engine: Engine) -> None:  # noqa: B027 - optional hook
         """Set up the synchronous engine oncely builds for sync effects."""
+
+    @abc.abstractmethod
+    def sync_driver(self) -> str:
+        """The SQLAlchemy driver name of oncely's synchronous engine for this database (a
+        ConfigError if none is installed)."""
+
+    def read_only_options(self) -> dict[str, Any]:
+        """Execution options for a connection that only reads (and must not queue for the
+        write lock)."""
+        return {}
+
+    def busy_options(self, busy_ms: int) -> dict[str, Any]:
+        """Execution options for a connection that waits at most `busy_ms` for the write lock
+        (Postgres has no database-wide write lock: none)."""
+        return {}
 
     @abc.abstractmethod
     def insert(self) -> Any:
@@ -98,21 +138,37 @@ class Dialect(abc.ABC):
         return tasks_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
 
     @abc.abstractmethod
-    async def lock_and_claim(
-        self,
-        session: AsyncSession,
-        job: str,
-        key: str,
-        scheduled_for: datetime | None,
-        claimed_by: str,
-        busy_ms: int,
-        exclusive: bool = False,
-    ) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
         """In the session's new transaction: take the slot's lock without waiting, then claim.
 
-        With `exclusive`, also take the job's lock without waiting: while one slot of the job
-        runs anywhere, another slot's attempt answers OVERLAP (a job's `overlap="skip"`).
+        With `request.exclusive`, also take the job's lock without waiting: while one slot of
+        the job runs anywhere, another slot's attempt answers OVERLAP (`overlap="skip"`).
         """
+
+    # -- a caller's bare driver connection (no SQLAlchemy in between) ----------------------
+
+    def owns_connection(self, conn: object) -> bool:
+        """Whether `conn` is a bare connection of this database's own driver (asyncpg), which
+        `claim_on_driver` and `enqueue_on_driver` take."""
+        return False
+
+    async def claim_on_driver(self, conn: Any, job: str, key: str, claimed_by: str) -> bool:
+        """`claims.claim_run` on a bare driver connection, in the caller's open transaction."""
+        raise NotImplementedError
+
+    async def enqueue_on_driver(self, conn: Any, params: list[dict[str, Any]]) -> list[Any]:
+        """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on a bare driver
+        connection; the new rows (id, task, idempotency_key, run_at, created_at)."""
+        raise NotImplementedError
+
+    async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
+        """The retained rows of `task` with these idempotency keys, on a bare driver
+        connection."""
+        raise NotImplementedError
+
+    def tasks_ddl(self) -> Sequence[str]:
+        """Statements that follow the creation of oncely_tasks (Postgres: its NOTIFY trigger)."""
+        return ()
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         """An engine on which oncely runs an attempt's transaction on the driver itself, or

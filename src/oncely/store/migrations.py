@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from . import postgres
+from .dialects import dialect_for
 from .tables import runs, tasks
 
 
@@ -17,9 +17,8 @@ def _v1_runs(conn: Connection) -> None:
 
 def _v2_tasks(conn: Connection) -> None:
     tasks.create(conn, checkfirst=True)
-    if conn.dialect.name == "postgresql":
-        for statement in postgres.TASKS_NOTIFY_DDL:
-            conn.exec_driver_sql(statement)
+    for statement in dialect_for(conn.dialect.name).tasks_ddl():
+        conn.exec_driver_sql(statement)
 
 
 def _v3_lean_indexes(conn: Connection) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, NamedTuple, NoReturn
@@ -19,10 +20,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import await_only
 
-from ..errors import BadInputError, DatabaseError, SchemaMissingError
+from ..errors import BadInputError, ConfigError, DatabaseError, SchemaMissingError
 from ..locks import job_lock_key, slot_lock_key
 from . import sql
-from .dialect import MISSING_TABLES, ClaimOutcome, Dialect
+from .dialect import MISSING_TABLES, ClaimOutcome, ClaimRequest, Dialect
 from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
 
@@ -160,11 +161,6 @@ DRIVER_CLAIM = (
 )
 
 
-def is_driver_connection(conn: object) -> bool:
-    """Whether `conn` is a bare asyncpg connection (not a SQLAlchemy one)."""
-    return isinstance(conn, asyncpg.Connection)
-
-
 async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> bool:
     """`claim_run` on an asyncpg connection: the same INSERT, with no SQLAlchemy in between.
 
@@ -214,55 +210,52 @@ class PostgresDialect(Dialect):
     async def durable(self, conn: AsyncConnection) -> None:
         await conn.exec_driver_sql("SET LOCAL synchronous_commit TO on")
 
+    def sync_driver(self) -> str:
+        for module, driver in (
+            ("psycopg2", "postgresql+psycopg2"),
+            ("psycopg", "postgresql+psycopg"),
+        ):
+            if importlib.util.find_spec(module) is not None:
+                return driver
+        raise ConfigError(
+            "synchronous effects on Postgres need a sync driver: pip install 'psycopg[binary]' "
+            "(psycopg 3, what oncely's `sync` extra installs), or psycopg2"
+        )
+
     def insert(self) -> Any:
         return postgresql.insert
 
     def now(self) -> Any:
         return sa.func.clock_timestamp()
 
-    async def lock_and_claim(
-        self,
-        session: AsyncSession,
-        job: str,
-        key: str,
-        scheduled_for: datetime | None,
-        claimed_by: str,
-        busy_ms: int,
-        exclusive: bool = False,
-    ) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
         driver = attempt_driver(session)
+        job, key = request.job, request.key
         slot_hi, slot_lo = slot_lock_key(job, key)
         job_hi, job_lo = job_lock_key(job)
         if driver is None:
-            row: Any = (
-                await session.execute(
-                    LOCK_AND_CLAIM,
-                    {
-                        "slot_hi": slot_hi,
-                        "slot_lo": slot_lo,
-                        "job": job,
-                        "key": key,
-                        "scheduled_for": scheduled_for,
-                        "claimed_by": claimed_by,
-                        "exclusive": exclusive,
-                        "job_hi": job_hi,
-                        "job_lo": job_lo,
-                    },
-                )
-            ).one()
+            params = {
+                "slot_hi": slot_hi,
+                "slot_lo": slot_lo,
+                "exclusive": request.exclusive,
+                "job_hi": job_hi,
+                "job_lo": job_lo,
+                **request.claim_params(),
+            }
+            row: Any = (await session.execute(LOCK_AND_CLAIM, params)).one()
             got, job_free, claimed = row.got, row.job_free, row.claimed
         else:
             row = await driver.fetchrow(
                 DRIVER_LOCK_AND_CLAIM,
                 slot_hi,
                 slot_lo,
-                exclusive,
+                request.exclusive,
                 job_hi,
                 job_lo,
                 job,
                 key,
-                scheduled_for,
-                claimed_by,
+                request.scheduled_for,
+                request.claimed_by,
             )
             got, job_free, claimed = row["got"], row["job_free"], row["claimed"]
             if claimed:
@@ -350,6 +343,21 @@ class PostgresDialect(Dialect):
             await_only(driver.execute(statement))
         else:
             connection.exec_driver_sql(statement)
+
+    def owns_connection(self, conn: object) -> bool:
+        return isinstance(conn, asyncpg.Connection)
+
+    async def claim_on_driver(self, conn: Any, job: str, key: str, claimed_by: str) -> bool:
+        return await claim_on_driver(conn, job, key, claimed_by)
+
+    async def enqueue_on_driver(self, conn: Any, params: list[dict[str, Any]]) -> list[Any]:
+        return await enqueue_on_driver(conn, params)
+
+    async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
+        return await tasks_by_keys_on_driver(conn, task, keys)
+
+    def tasks_ddl(self) -> Sequence[str]:
+        return TASKS_NOTIFY_DDL
 
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)

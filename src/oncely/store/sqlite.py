@@ -12,7 +12,6 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from .. import clock
 from . import sql
-from .dialect import ClaimOutcome, Dialect
+from .dialect import ClaimOutcome, ClaimRequest, Dialect
 
 BUSY_MS_OPTION = "oncely_busy_ms"
 """Execution option: how long BEGIN IMMEDIATE may wait for the write lock, in milliseconds."""
@@ -123,6 +122,15 @@ class SQLiteDialect(Dialect):
         event.listen(engine, "connect", _on_connect)
         event.listen(engine, "begin", _on_begin)
 
+    def sync_driver(self) -> str:
+        return "sqlite"
+
+    def read_only_options(self) -> dict[str, Any]:
+        return {READ_ONLY_OPTION: True}
+
+    def busy_options(self, busy_ms: int) -> dict[str, Any]:
+        return {BUSY_MS_OPTION: busy_ms}
+
     def insert(self) -> Any:
         return sqlite.insert
 
@@ -136,29 +144,14 @@ class SQLiteDialect(Dialect):
     def now_params(self) -> dict[str, Any]:
         return {"now": clock.utcnow()}
 
-    async def lock_and_claim(
-        self,
-        session: AsyncSession,
-        job: str,
-        key: str,
-        scheduled_for: datetime | None,
-        claimed_by: str,
-        busy_ms: int,
-        exclusive: bool = False,
-    ) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
         # `exclusive` needs nothing more here: the write lock already lets one attempt at a
         # time run, whatever its job, so two slots of a job never run at once.
         try:
             # The first use of the session opens its transaction: BEGIN IMMEDIATE, waiting
             # at most busy_ms for the write lock (see _on_begin).
-            await session.connection(execution_options={BUSY_MS_OPTION: busy_ms})
-            params = {
-                "job": job,
-                "key": key,
-                "scheduled_for": scheduled_for,
-                "claimed_by": claimed_by,
-                **self.now_params(),
-            }
+            await session.connection(execution_options={BUSY_MS_OPTION: request.busy_ms})
+            params = {**request.claim_params(), **self.now_params()}
             row = (await session.execute(self.claim_statement, params)).first()
         except sa.exc.OperationalError as exc:
             if self.is_busy(exc):

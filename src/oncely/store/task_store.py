@@ -27,9 +27,11 @@ from sqlalchemy.orm import Session
 
 from .. import clock, hooks
 from ..model import TaskRecord, TaskState
-from . import postgres, tables, tasks_sql
-from .claims import _raise_translated
+from . import tables, tasks_sql
+from .claims import raise_translated
 from .dialect import Dialect
+from .dialects import dialect_for, driver_dialect
+from .plan import Plan, Step, run, run_async
 from .session import AttemptSession, hand_back
 
 if TYPE_CHECKING:
@@ -169,72 +171,54 @@ def _bound(session: Session) -> Any:
         return None
 
 
+def _enqueue_plan(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> Plan[list[TaskRecord]]:
+    """Insert tasks in the open transaction (one statement per chunk), then read the existing
+    rows of keys that inserted nothing; the records in the order of `entries`."""
+    try:
+        inserted: list[Any] = []
+        for chunk in _chunks(_params(dialect, entries)):
+            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
+            step: Step = bulk or (dialect.enqueue_statement, chunk[0] if len(chunk) == 1 else chunk)
+            inserted += (yield step).all()
+        existing: list[Any] = []
+        for task, keys in _missing(entries, inserted).items():
+            existing += (yield tasks_sql.by_keys(task, keys), None).all()
+    except DBAPIError as exc:
+        raise_translated(dialect, exc)
+    return _merge(entries, inserted, existing)
+
+
 async def enqueue(
     session: AsyncSession | Any, entries: Sequence[dict[str, Any]]
 ) -> list[TaskRecord]:
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
     Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
-    `session` is an AsyncSession or a bare asyncpg connection.
+    `session` is an AsyncSession or a bare driver connection (asyncpg).
     """
-    from . import dialect_for
-
-    if postgres.is_driver_connection(session):
-        return await _enqueue_on_driver(session, entries)
-
+    driver = driver_dialect(session)
+    if driver is not None:
+        return await _enqueue_on_driver(driver, session, entries)
     bind = _bound(session.sync_session) or await session.connection()
-    dialect = dialect_for(bind.dialect.name)
-    try:
-        inserted: list[Any] = []
-        for chunk in _chunks(_params(dialect, entries)):
-            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
-            if bulk is not None:
-                inserted += (await session.execute(*bulk)).all()
-            elif len(chunk) == 1:
-                inserted += (await session.execute(dialect.enqueue_statement, chunk[0])).all()
-            else:
-                inserted += (await session.execute(dialect.enqueue_statement, chunk)).all()
-        existing: list[Any] = []
-        for task, keys in _missing(entries, inserted).items():
-            existing += (await session.execute(tasks_sql.by_keys(task, keys))).all()
-    except DBAPIError as exc:
-        _raise_translated(dialect, exc)
-    return _merge(entries, inserted, existing)
+    return await run_async(session, _enqueue_plan(dialect_for(bind.dialect.name), entries))
 
 
-async def _enqueue_on_driver(conn: Any, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
-    from . import dialect_for
-
+async def _enqueue_on_driver(
+    dialect: Dialect, conn: Any, entries: Sequence[dict[str, Any]]
+) -> list[TaskRecord]:
     inserted: list[Any] = []
-    for chunk in _chunks(_params(dialect_for("postgresql"), entries)):
-        inserted += await postgres.enqueue_on_driver(conn, chunk)
+    for chunk in _chunks(_params(dialect, entries)):
+        inserted += await dialect.enqueue_on_driver(conn, chunk)
     existing: list[Any] = []
     for task, keys in _missing(entries, inserted).items():
-        existing += await postgres.tasks_by_keys_on_driver(conn, task, keys)
+        existing += await dialect.tasks_by_keys_on_driver(conn, task, keys)
     return _merge(entries, inserted, existing)
 
 
 def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
     """`enqueue` for a synchronous Session (Django, Flask, scripts)."""
-    from . import dialect_for
-
     dialect = dialect_for((_bound(session) or session.connection()).dialect.name)
-    try:
-        inserted: list[Any] = []
-        for chunk in _chunks(_params(dialect, entries)):
-            bulk = dialect.bulk_enqueue(chunk) if len(chunk) > 1 else None
-            if bulk is not None:
-                inserted += session.execute(*bulk).all()
-            elif len(chunk) == 1:
-                inserted += session.execute(dialect.enqueue_statement, chunk[0]).all()
-            else:
-                inserted += session.execute(dialect.enqueue_statement, chunk).all()
-        existing: list[Any] = []
-        for task, keys in _missing(entries, inserted).items():
-            existing += session.execute(tasks_sql.by_keys(task, keys)).all()
-    except DBAPIError as exc:
-        _raise_translated(dialect, exc)
-    return _merge(entries, inserted, existing)
+    return run(session, _enqueue_plan(dialect, entries))
 
 
 SAVEPOINT = "oncely_task"

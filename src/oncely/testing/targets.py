@@ -137,7 +137,7 @@ class _ignore_lookup_errors:
 
 def database_url(app: Oncely) -> str:
     """The URL of an app's database, password included (children connect with it)."""
-    return app.store.engine.url.render_as_string(hide_password=False)
+    return app.store.url
 
 
 def _point(app: Oncely, url: str | None) -> None:

@@ -23,8 +23,6 @@ from collections.abc import Awaitable
 from datetime import timezone
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from .. import events
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
@@ -120,12 +118,11 @@ class TaskRun:
         deadline = time.monotonic() + TIMEOUT
         while True:
             try:
-                async with AsyncSession(store.engine) as db, db.begin():
-                    return await self.task.enqueue(
-                        db, idempotency_key=self.idempotency_key, **self.kwargs
-                    )
+                return await self.task.enqueue_committed(
+                    store, idempotency_key=self.idempotency_key, **self.kwargs
+                )
             except OncelyError as exc:
-                if not store.dialect.is_busy(exc.__cause__ or exc):
+                if not store.is_busy(exc):
                     raise
                 if time.monotonic() > deadline:
                     raise
@@ -219,7 +216,7 @@ async def _quietly(store: Store, call: Awaitable[list[Any]]) -> list[Any]:
     try:
         return await call
     except OncelyError as exc:
-        if store.dialect.is_busy(exc.__cause__ or exc):
+        if store.is_busy(exc):
             return []
         raise
 
