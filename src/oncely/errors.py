@@ -64,3 +64,23 @@ class SchemaTooNewError(OncelyError):
 
 class DatabaseReadOnlyError(DatabaseError):
     """The database is read-only: oncely must write its claims and tasks there."""
+
+
+# The builtin second parent keeps `except ValueError` (or TypeError, RuntimeError) working
+# for code written before oncely raised its own class there.
+
+
+class BadTimeError(BadInputError, ValueError):
+    """oncely needs a timezone-aware instant (ISO 8601 with a UTC offset)."""
+
+
+class BadOptionError(BadInputError, ValueError):
+    """An option has a value oncely does not know; the message lists the known ones."""
+
+
+class RetryDecisionError(BadInputError, TypeError):
+    """Not a retry policy, or not a decision oncely can read from one."""
+
+
+class FakeProviderError(ConfigError, RuntimeError):
+    """The fake provider is not set up: use the fake_provider fixture."""

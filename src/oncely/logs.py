@@ -14,6 +14,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from .errors import BadOptionError
 from .masking import mask_secrets
 
 FORMATS = ("text", "json")
@@ -108,7 +109,7 @@ def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = No
     """
     global _format
     if fmt not in FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+        raise BadOptionError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     _format = fmt
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

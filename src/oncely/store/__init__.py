@@ -12,7 +12,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -56,9 +56,6 @@ from .session import (
     violation,
 )
 from .tables import metadata, schema_versions
-
-if TYPE_CHECKING:
-    from .task_store import TaskStore
 
 __all__ = [
     "LATEST",
@@ -150,11 +147,9 @@ class Store:
         return engine
 
     @functools.cached_property
-    def tasks(self) -> TaskStore:
+    def tasks(self) -> task_store.TaskStore:
         """The task queue's statements on this store."""
-        from .task_store import TaskStore
-
-        return TaskStore(self)
+        return task_store.TaskStore(self)
 
     @property
     def display_url(self) -> str:
@@ -188,6 +183,10 @@ class Store:
             raise
         except sa.exc.DBAPIError as exc:
             raise self._translated(exc) from exc
+        except sa.exc.StatementError as exc:
+            if isinstance(exc.orig, OncelyError):  # a bound value oncely refused (BadTimeError)
+                raise exc.orig from exc
+            raise
         except (OSError, asyncio.TimeoutError) as exc:
             raise self._unavailable(exc) from exc
         except TypeError as exc:

@@ -7,7 +7,6 @@ files `postgres.py` and `sqlite.py`.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,33 +18,16 @@ NOW = sa.bindparam("now", type_=UTCDateTime())
 """Database time as a bound value, for a database with no clock of its own (SQLite)."""
 
 
-def claim(
-    insert: Any, job: str, key: str, scheduled_for: datetime | None, claimed_by: str, now: Any
-) -> Insert:
-    """Claim (job, key): insert the ledger row unless it exists; RETURNING 1 if it is ours."""
-    stmt: Insert = (
-        insert(runs)
-        .values(
-            job=job, key=key, scheduled_for=scheduled_for, claimed_at=now, claimed_by=claimed_by
-        )
-        .on_conflict_do_nothing()
-        .returning(sa.literal(1))
-    )
-    return stmt
-
-
-def finish(job: str, key: str, now: Any) -> sa.Update:
-    """Stamp the end of a run on its claim, just before the commit."""
-    return sa.update(runs).where(runs.c.job == job, runs.c.key == key).values(finished_at=now)
-
-
-# The hot path uses claim_bound / finish_bound instead, built once per database
-# (Dialect.claim_statement, Dialect.finish_statement) and executed with parameters: building a
-# Core statement and its cache key costs 100-170 µs of CPU, more than the rest of a claim.
+# The claim and the finish are built once per database (Dialect.claim_statement,
+# Dialect.finish_statement) and executed with parameters: building a Core statement and its
+# cache key costs 100-170 µs of CPU, more than the rest of a claim.
 
 
 def claim_bound(insert: Any, now: Any) -> Insert:
-    """`claim` with bound parameters :job, :key, :scheduled_for, :claimed_by (and :now if NOW)."""
+    """Claim (job, key): insert the ledger row unless it exists; RETURNING 1 if it is ours.
+
+    Bound parameters :job, :key, :scheduled_for, :claimed_by (and :now if `now` is NOW).
+    """
     stmt: Insert = (
         insert(runs)
         .values(
@@ -62,8 +44,9 @@ def claim_bound(insert: Any, now: Any) -> Insert:
 
 
 def finish_bound(now: Any) -> sa.Update:
-    """`finish` with bound parameters :claim_job, :claim_key (and :now if NOW).
+    """Stamp the end of a run on its claim, just before the commit.
 
+    Bound parameters :claim_job, :claim_key (and :now if `now` is NOW).
     SQLAlchemy reserves the column names (:job, :key) for an UPDATE's SET clause.
     """
     return (

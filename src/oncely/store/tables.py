@@ -10,6 +10,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+from ..errors import BadTimeError
+
 metadata = sa.MetaData()
 
 
@@ -23,7 +25,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            raise ValueError("oncely stores only timezone-aware instants")
+            raise BadTimeError("oncely stores only timezone-aware instants")
         if dialect.name == "sqlite":
             return value.astimezone(timezone.utc).replace(tzinfo=None)
         return value

@@ -16,13 +16,13 @@ import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from .. import clock, hooks
@@ -34,8 +34,18 @@ from .dialects import dialect_for, driver_dialect
 from .plan import Plan, Step, run, run_async
 from .session import AttemptSession, hand_back
 
-if TYPE_CHECKING:
-    from . import Store
+
+class Ledger(Protocol):
+    """What the task queue's statements need of the store they run on (the Store)."""
+
+    dialect: Dialect
+    engine: AsyncEngine
+
+    def translate(self) -> contextlib.AbstractContextManager[None]: ...
+
+    async def ensure_schema(self) -> None: ...
+
+    async def _read(self, stmt: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -413,7 +423,7 @@ class Batch:
 class TaskStore:
     """Leases, batches and the operator's views of the oncely_tasks table."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Ledger) -> None:
         self.store = store
         self.dialect = store.dialect
         self.ack_statement = tasks_sql.ack(self.dialect.now_sql())

@@ -6,13 +6,16 @@ from datetime import datetime, timedelta, timezone
 from types import TracebackType
 
 from .. import clock
-from ..errors import BadInputError
+from ..errors import BadInputError, BadTimeError
 
 
 def _instant(at: datetime | str) -> datetime:
-    value = datetime.fromisoformat(at) if isinstance(at, str) else at
+    try:
+        value = datetime.fromisoformat(at) if isinstance(at, str) else at
+    except ValueError:
+        raise BadTimeError(f"the test clock needs an ISO 8601 time, got {at!r}") from None
     if value.tzinfo is None or value.utcoffset() is None:
-        raise BadInputError(f"the test clock needs an aware time, got {value.isoformat()}")
+        raise BadTimeError(f"the test clock needs an aware time, got {value.isoformat()}")
     return value
 
 

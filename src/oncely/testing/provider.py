@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import FakeProviderError
+
 ENV = "ONCELY_FAKE_PROVIDER"
 """The environment variable `FakeProvider.from_env()` reads (the pytest fixture sets it)."""
 
@@ -77,7 +79,7 @@ class FakeProvider:
         """The provider at `$ONCELY_FAKE_PROVIDER` (set by the `fake_provider` fixture)."""
         path = os.environ.get(ENV)
         if not path:
-            raise RuntimeError(f"${ENV} is not set: use the fake_provider fixture")
+            raise FakeProviderError(f"${ENV} is not set: use the fake_provider fixture")
         return cls(path)
 
     @contextmanager

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..errors import RetryDecisionError
 from .clock import FrozenClock
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -64,7 +65,7 @@ def normalize(answer: Any) -> Decision:
         return Decision(Kind.DISCARD)
     if "giveup" in name or "dead" in name or "exhaust" in name:
         return Decision(Kind.GIVE_UP)
-    raise TypeError(f"cannot read a retry decision from {answer!r}")
+    raise RetryDecisionError(f"cannot read a retry decision from {answer!r}")
 
 
 def _takes_now(decide: Callable[..., Any]) -> bool:
@@ -84,7 +85,7 @@ def as_decider(policy: Any) -> Decider:
     """
     decide = getattr(policy, "decide", policy)
     if not callable(decide):
-        raise TypeError(f"{policy!r} has no decide(error, attempt) and is not callable")
+        raise RetryDecisionError(f"{policy!r} has no decide(error, attempt) and is not callable")
     takes_now = _takes_now(decide)
 
     def decider(error: BaseException, attempt: int) -> Decision:
