@@ -24,7 +24,7 @@ from .keys import idempotency_key
 from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
 from .retry import Discard, GiveUp, Retry, RetryPolicy
 from .schedule import CronSchedule, EverySchedule, Schedule, cron, every
-from .store.claims import claim_run, claim_run_sync
+from .store import claim_run, claim_run_sync
 from .tasks import Task
 
 __version__ = "0.1.0"
