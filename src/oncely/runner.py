@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -106,73 +106,85 @@ async def commit(
     return RAN
 
 
-# (what, status, stage) → the event, its message, and whether it carries the duration.
-_EVENTS: dict[tuple[str, RunStatus, Stage], tuple[str, str, bool]] = {
-    ("run", RunStatus.BUSY, Stage.CLAIM): (
-        "run.busy",
-        "another process is running this slot",
-        False,
-    ),
-    ("run", RunStatus.OVERLAP, Stage.CLAIM): (
-        "run.overlap_skipped",
-        "another slot of this job is still running; not started (overlap=skip)",
-        False,
-    ),
-    ("run", RunStatus.SKIPPED, Stage.CLAIM): ("run.skipped", "already ran, skipping", False),
-    ("run", RunStatus.FAILED, Stage.CALL): (
-        "run.failed",
-        "the job raised; rolled back, the slot is free",
-        True,
-    ),
-    ("run", RunStatus.FAILED, Stage.TRANSACTION): (  # as if the job had raised
-        "run.failed",
-        "the job raised; rolled back, the slot is free",
-        True,
-    ),
-    ("run", RunStatus.FAILED, Stage.COMMIT): (
-        "run.failed",
-        "the commit failed; rolled back, the slot is free",
-        False,
-    ),
-    ("run", RunStatus.RAN, Stage.COMMIT): ("run.ran", "ran", True),
-    ("run", RunStatus.RAN, Stage.READ_BACK): (
-        "run.ran",
-        "ran (the connection was lost during COMMIT; the claim is in the ledger)",
-        True,
-    ),
-    ("run", RunStatus.UNKNOWN, Stage.READ_BACK): (
-        "run.unknown",
-        "the connection was lost during COMMIT and the claim cannot be read back: the work "
-        "may or may not have committed",
-        False,
-    ),
-    ("effect", RunStatus.SKIPPED, Stage.CLAIM): (
-        "effect.skipped",
-        "already processed, skipping",
-        False,
-    ),
-    ("effect", RunStatus.FAILED, Stage.CALL): (
-        "effect.failed",
-        "the body raised; rolled back, the key is free",
-        False,
-    ),
-    ("effect", RunStatus.FAILED, Stage.TRANSACTION): (
-        "effect.failed",
-        "the body ended oncely's transaction; rolled back",
-        False,
-    ),
-    ("effect", RunStatus.FAILED, Stage.COMMIT): (
-        "effect.failed",
-        "the commit failed; rolled back, the key is free",
-        False,
-    ),
-    ("effect", RunStatus.RAN, Stage.COMMIT): ("effect.ran", "ran", True),
+class _Event(TypedDict):
+    """The event an outcome is reported as: its name, its message, whether it is timed."""
+
+    event: str
+    text: str
+    timed: bool
+
+
+# (what, status, stage) → the event; `what` is "run" for a slot, "effect" for a key.
+_EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
+    ("run", RunStatus.BUSY, Stage.CLAIM): {
+        "event": "run.busy",
+        "text": "another process is running this slot",
+        "timed": False,
+    },
+    ("run", RunStatus.OVERLAP, Stage.CLAIM): {
+        "event": "run.overlap_skipped",
+        "text": "another slot of this job is still running; not started (overlap=skip)",
+        "timed": False,
+    },
+    ("run", RunStatus.SKIPPED, Stage.CLAIM): {
+        "event": "run.skipped",
+        "text": "already ran, skipping",
+        "timed": False,
+    },
+    ("run", RunStatus.FAILED, Stage.CALL): {
+        "event": "run.failed",
+        "text": "the job raised; rolled back, the slot is free",
+        "timed": True,
+    },
+    ("run", RunStatus.FAILED, Stage.TRANSACTION): {
+        "event": "run.failed",
+        "text": "the job raised; rolled back, the slot is free",
+        "timed": True,
+    },
+    ("run", RunStatus.FAILED, Stage.COMMIT): {
+        "event": "run.failed",
+        "text": "the commit failed; rolled back, the slot is free",
+        "timed": False,
+    },
+    ("run", RunStatus.RAN, Stage.COMMIT): {"event": "run.ran", "text": "ran", "timed": True},
+    ("run", RunStatus.RAN, Stage.READ_BACK): {
+        "event": "run.ran",
+        "text": "ran (the connection was lost during COMMIT; the claim is in the ledger)",
+        "timed": True,
+    },
+    ("run", RunStatus.UNKNOWN, Stage.READ_BACK): {
+        "event": "run.unknown",
+        "text": "the connection was lost during COMMIT and the claim cannot be read back: the "
+        "work may or may not have committed",
+        "timed": False,
+    },
+    ("effect", RunStatus.SKIPPED, Stage.CLAIM): {
+        "event": "effect.skipped",
+        "text": "already processed, skipping",
+        "timed": False,
+    },
+    ("effect", RunStatus.FAILED, Stage.CALL): {
+        "event": "effect.failed",
+        "text": "the body raised; rolled back, the key is free",
+        "timed": False,
+    },
+    ("effect", RunStatus.FAILED, Stage.TRANSACTION): {
+        "event": "effect.failed",
+        "text": "the body ended oncely's transaction; rolled back",
+        "timed": False,
+    },
+    ("effect", RunStatus.FAILED, Stage.COMMIT): {
+        "event": "effect.failed",
+        "text": "the commit failed; rolled back, the key is free",
+        "timed": False,
+    },
+    ("effect", RunStatus.RAN, Stage.COMMIT): {"event": "effect.ran", "text": "ran", "timed": True},
 }
 
 
 def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, Any]) -> None:
     """The one event of an attempt's outcome (`what`: "run" for a slot, "effect" for a key)."""
-    name, text, timed = _EVENTS[(what, outcome.status, outcome.stage)]
+    event = _EVENTS[(what, outcome.status, outcome.stage)]
     extra: dict[str, Any] = {}
     if outcome.status is RunStatus.SKIPPED:
         claim = outcome.claim
@@ -182,9 +194,9 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
     if outcome.status in (RunStatus.FAILED, RunStatus.UNKNOWN):
         level = logging.ERROR
         extra["error"] = f"{type(outcome.error).__name__}: {outcome.error}"
-    if timed:
+    if event["timed"]:
         extra["duration_ms"] = round(duration * 1000, 1)
-    events.emit(name, text, level=level, **extra, **fields)
+    events.emit(event["event"], event["text"], level=level, **extra, **fields)
 
 
 # -- a slot -------------------------------------------------------------------------------
