@@ -151,7 +151,7 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
     assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]
 
 
-def test_rolling_deploy_old_worker_leaves_new_tasks_to_new_worker(
+def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
     env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
 ) -> None:
     """Issue 13.1, guarantee 9: a worker of the previous release leases only the task names
