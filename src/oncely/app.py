@@ -25,6 +25,7 @@ from .runner import run_slot
 from .schedule import Schedule
 from .store import Store
 from .tasks import Task, TaskFunc, TaskRegistry
+from .worker import DEFAULT_SHUTDOWN_TIMEOUT
 
 F = TypeVar("F", bound=JobFunc)
 
@@ -175,7 +176,7 @@ class Oncely:
         self,
         *,
         jobs: Sequence[str] | None = None,
-        shutdown_timeout: float = 30.0,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         stopping: asyncio.Event | None = None,
         handle_signals: bool = False,
         startup_wait: float = 60.0,

@@ -152,7 +152,13 @@ class _Lane:
         worker = self.worker
         while not stopping.is_set():
             leased = await worker.store.tasks.fetch(
-                conn, worker.queues, worker.limit(), worker.token(), worker.by, worker.lease
+                conn,
+                worker.queues,
+                worker.limit(),
+                worker.token(),
+                worker.by,
+                worker.lease,
+                worker.names,
             )
             if not leased:
                 await worker.idle(stopping)
@@ -191,6 +197,11 @@ class Worker:
         self.batch = batch
         self.poll = poll
         self.by = replica_id()
+        self.names = sorted(task.name for task in app.tasks)
+        """The task names this worker leases: the ones its app registered (a task of a name
+        it does not know waits for a worker that knows it, e.g. during a rolling deploy)."""
+        self.handed_back = 0
+        """Tasks whose attempts the shutdown cancelled and handed back."""
         self._sleepers: collections.deque[asyncio.Event] = collections.deque()
         self._pending = False
         self.lanes = self.store.engine
@@ -273,12 +284,32 @@ class Worker:
                 await self._give_back()
 
     async def _give_back(self) -> None:
+        """Hand back the tasks of cancelled batches (their work rolled back): available at
+        once, the attempt not counted, recorded as cancelled by the shutdown."""
         if not self.held:
             return
         leftover = list(self.held.values())
         self.held.clear()
-        with contextlib.suppress(Exception):
-            await asyncio.shield(self.store.tasks.release(leftover, started=True))
+        try:
+            handed = await asyncio.shield(self.store.tasks.hand_back(leftover))
+        except Exception as exc:  # their leases run out instead; the rescuer hands them on
+            events.emit(
+                "worker.error",
+                "could not hand back the cancelled tasks; they wait for their lease to run out",
+                level=logging.ERROR,
+                error=str(exc),
+            )
+            return
+        self.handed_back += len(handed)
+        for row in handed:
+            events.emit(
+                "task.cancelled",
+                "cancelled by the shutdown; rolled back and handed back (attempt not counted)",
+                level=logging.WARNING,
+                task=row.task,
+                id=row.id,
+                attempt=row.attempt + 1,
+            )
 
     async def run_batch(
         self, conn: AsyncConnection, leased: list[Leased], stopping: asyncio.Event | None = None
@@ -385,7 +416,7 @@ class Worker:
                     after.append(_lost(d.item) if d.item.id in lost else _succeeded(d))
             if not rest and stopping is not None and not stopping.is_set():
                 following = await batch.lease(
-                    self.queues, self.limit(), self.token(), self.by, self.lease
+                    self.queues, self.limit(), self.token(), self.by, self.lease, self.names
                 )
         return after, following, rest, spent
 

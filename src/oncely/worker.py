@@ -40,7 +40,10 @@ OUTAGE_BACKOFF_FIRST = 0.25
 """Seconds before the first retry after the database became unreachable; doubles each time."""
 OUTAGE_BACKOFF_MAX = 5.0
 """The longest wait between two tries while the database is unreachable (before jitter)."""
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_SHUTDOWN_TIMEOUT = 25.0
+"""Seconds running attempts get to finish after SIGTERM before they are cancelled (rolled
+back, tasks handed back): inside Kubernetes' default 30 s grace period, with room to spare
+for the hand-back and the exit before SIGKILL."""
 DEFAULT_STARTUP_WAIT = 60.0
 """Seconds a starting worker waits for an unreachable database before giving up (exit 2)."""
 CLOCK_CHECK_EVERY = 60.0
@@ -87,6 +90,10 @@ class JobWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._outage: _Outage | None = None
         self._rng = random.Random()
+        self.waited_for = 0
+        """Attempts running when the worker was asked to stop."""
+        self.cancelled = 0
+        """Of those, attempts cancelled after `shutdown_timeout` (rolled back)."""
 
     def now(self) -> datetime:
         """The time slots come due by: this host's clock, corrected to the database's."""
@@ -302,8 +309,9 @@ class JobWorker:
     # -- shutdown -------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        """Let running attempts finish within `shutdown_timeout`, then cancel them (the
+        worker's last event, `worker.shutdown`, is serve()'s, once every component stopped)."""
         running = set(self._tasks)
-        started = time.monotonic()
         cancelled = 0
         if running:
             _done, pending = await asyncio.wait(running, timeout=self.shutdown_timeout)
@@ -312,14 +320,7 @@ class JobWorker:
             cancelled = len(pending)
             if pending:
                 await asyncio.wait(pending, timeout=self.shutdown_timeout)
-        events.emit(
-            "worker.shutdown",
-            "worker stopped",
-            replica=self.replica,
-            waited_for=len(running),
-            cancelled=cancelled,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
-        )
+        self.waited_for, self.cancelled = len(running), cancelled
 
 
 def _emit_missed(missed: Missed, replica: str) -> None:
@@ -370,21 +371,65 @@ def components(
     The scheduled-job loop runs the selected jobs; the task queue's consumer runs the app's
     tasks (`concurrency` transactions at once; 0 turns it off) with the same graceful stop.
     """
-    parts: list[Coroutine[Any, Any, None]] = []
-    selected = list(jobs) if jobs is not None else list(app.registry)
-    if selected:
-        loop = JobWorker(
-            app,
-            stopping,
-            jobs=selected,
-            shutdown_timeout=shutdown_timeout,
-            startup_wait=startup_wait,
+    return _Parts(
+        app,
+        stopping,
+        jobs=jobs,
+        shutdown_timeout=shutdown_timeout,
+        startup_wait=startup_wait,
+        concurrency=concurrency,
+        lease=lease,
+        queues=queues,
+    ).parts
+
+
+class _Parts:
+    """A worker's components, kept to report what the shutdown did once they all stopped."""
+
+    def __init__(
+        self,
+        app: Oncely,
+        stopping: asyncio.Event,
+        *,
+        jobs: Iterable[Job] | None,
+        shutdown_timeout: float,
+        startup_wait: float,
+        concurrency: int,
+        lease: float | None,
+        queues: list[str] | None,
+    ) -> None:
+        self.parts: list[Coroutine[Any, Any, None]] = []
+        self.loop: JobWorker | None = None
+        self.consumer: queue.Worker | None = None
+        selected = list(jobs) if jobs is not None else list(app.registry)
+        if selected:
+            self.loop = JobWorker(
+                app,
+                stopping,
+                jobs=selected,
+                shutdown_timeout=shutdown_timeout,
+                startup_wait=startup_wait,
+            )
+            self.parts.append(self.loop.run())
+        if len(app.tasks) and concurrency > 0:
+            self.consumer = queue.Worker(app, concurrency=concurrency, lease=lease, queues=queues)
+            consume = self.consumer.consume(stopping)
+            self.parts.append(_stops_within(consume, stopping, shutdown_timeout))
+
+    def report(self, stopped_at: float | None) -> None:
+        """The worker's last event: what was running at the stop and what was cancelled."""
+        loop, consumer = self.loop, self.consumer
+        events.emit(
+            "worker.shutdown",
+            "worker stopped",
+            replica=loop.replica if loop is not None else replica_id(),
+            waited_for=loop.waited_for if loop is not None else 0,
+            cancelled=(loop.cancelled if loop is not None else 0)
+            + (consumer.handed_back if consumer is not None else 0),
+            duration_ms=round((time.monotonic() - stopped_at) * 1000, 1)
+            if stopped_at is not None
+            else 0.0,
         )
-        parts.append(loop.run())
-    if len(app.tasks) and concurrency > 0:
-        consumer = queue.consume(app, stopping, concurrency=concurrency, lease=lease, queues=queues)
-        parts.append(_stops_within(consumer, stopping, shutdown_timeout))
-    return parts
 
 
 async def _stops_within(
@@ -433,7 +478,7 @@ async def serve(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, _on_signal, stopping, sig)
                 installed.append(sig)
-    parts = components(
+    parts = _Parts(
         app,
         stopping,
         jobs=jobs,
@@ -443,12 +488,21 @@ async def serve(
         lease=lease,
         queues=queues,
     )
-    tasks = [asyncio.create_task(part) for part in parts]
+    tasks = [asyncio.create_task(part) for part in parts.parts]
+    stopped_at: list[float] = []
+    watch = asyncio.create_task(_when_set(stopping, stopped_at))
     try:
         await _until_all_done_or_one_fails(tasks, stopping)
     finally:
+        watch.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
+        parts.report(stopped_at[0] if stopped_at else None)
+
+
+async def _when_set(stopping: asyncio.Event, at: list[float]) -> None:
+    await stopping.wait()
+    at.append(time.monotonic())
 
 
 def _on_signal(stopping: asyncio.Event, sig: int) -> None:

@@ -151,6 +151,55 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
     assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]
 
 
+def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
+    env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """Issue 13.1, guarantee 9: a worker of the previous release leases only the task names
+    it knows. A task only the new release knows waits (attempt 0) while the old worker runs
+    its own tasks around it, then a new worker runs it once, at attempt 1."""
+    from tests.apps.queue_app_next import charge
+    from tests.apps.queue_app_next import record as next_record
+
+    old = start(env, "--concurrency", "2", "--poll", "0.05")
+    wait_until(lambda: (tmp_path / f"ready-{old.pid}").exists(), "the old worker")
+    with Session(sync_engine) as session, session.begin():
+        task_id = charge.enqueue_sync(session, n=1).id
+        later = next_record.enqueue_sync(session, n=2).id  # due after it, a name both know
+    wait_until(
+        lambda: (
+            rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {later}")
+            == [("succeeded",)]
+        ),
+        "the old worker to run the task it knows",
+    )
+    assert rows(sync_engine, f"SELECT state, attempt FROM oncely_tasks WHERE id = {task_id}") == [
+        ("available", 0)
+    ]
+    new = subprocess.Popen(
+        [*WORKER[:2], "tests.apps.queue_app_next:app", "--concurrency", "2", "--poll", "0.05"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(
+        lambda: (
+            rows(sync_engine, f"SELECT state FROM oncely_tasks WHERE id = {task_id}")
+            == [("succeeded",)]
+        ),
+        "the new worker to run the new task",
+    )
+    (old_code, old_err), (new_code, _) = stop(old), stop(new)
+    assert (old_code, new_code) == (0, 0)
+    assert rows(sync_engine, f"SELECT attempt FROM oncely_tasks WHERE id = {task_id}") == [(1,)]
+    assert rows(sync_engine, "SELECT n, pid FROM effects ORDER BY n") == [
+        (1, new.pid),
+        (2, old.pid),
+    ]
+    assert "LookupError" not in old_err and "is registered" not in old_err
+
+
 @pytest.mark.timeout(900)  # the soak itself may take 240 s
 def test_queue_tasks_take_effect_once_soak(
     db_url: str, env: dict[str, str], tmp_path: Path

@@ -90,10 +90,21 @@ async def test_sigterm_cancels_a_task_past_the_shutdown_timeout(
     worker = start_worker(env, "--concurrency", "1", "--shutdown-timeout", "0.5")
     wait_until(lambda: (tmp_path / "hanging-0").exists(), "the task to start")
     worker.send_signal(signal.SIGTERM)
-    assert worker.wait(timeout=60) == 0
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
     # The hanging task's write was rolled back, and the task is waiting to run again.
     assert scalar(sync_engine, "SELECT count(*) FROM effects") == 0
     app = Oncely(db_url)
     (record,) = await list_tasks(app, task="hang")
     await app.aclose()
-    assert record.state is TaskState.AVAILABLE  # handed back at shutdown, not left leased
+    # Handed back at once (its 30 s lease has not run out), the attempt not counted, and
+    # recorded as cancelled by the shutdown, not as a worker that died.
+    assert record.state is TaskState.AVAILABLE
+    assert (record.attempt, record.locked_by, record.lease_expires_at) == (0, None, None)
+    assert record.error is not None and record.error.startswith("Cancelled: the worker shut down")
+    # The log lines come in the order things happened.
+    order = ["worker.stopping", "worker.cancelling", "task.cancelled", "worker.shutdown"]
+    at = [err.find(f"{event}:") for event in order]
+    assert -1 not in at and at == sorted(at), err
+    assert f"id={record.id}" in err.split("task.cancelled:")[1].splitlines()[0]
+    assert "cancelled=1" in err.split("worker.shutdown:")[1].splitlines()[0]

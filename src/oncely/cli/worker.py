@@ -7,6 +7,7 @@ import asyncio
 import click
 
 from ..queue import DEFAULT_CONCURRENCY
+from ..worker import DEFAULT_SHUTDOWN_TIMEOUT
 from . import Context, Finite, handled
 from .metrics import metrics_options, start_metrics
 
@@ -22,11 +23,12 @@ def _job_list(value: str | None) -> list[str] | None:
 @click.option("--jobs", metavar="A,B", help="Run only these jobs (default: every job).")
 @click.option(
     "--shutdown-timeout",
-    default=30.0,
+    default=DEFAULT_SHUTDOWN_TIMEOUT,
     show_default=True,
     type=Finite(0),
     metavar="SECONDS",
-    help="On SIGTERM/SIGINT, how long running attempts may finish before they are cancelled.",
+    help="On SIGTERM/SIGINT, how long running attempts may finish before they are cancelled "
+    "(rolled back; their tasks handed back at once). Keep it below the platform's grace period.",
 )
 @click.option(
     "--startup-wait",

@@ -402,11 +402,17 @@ class Batch:
         return held
 
     async def lease(
-        self, queues: Sequence[str] | None, limit: int, token: str, by: str, lease: float
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        token: str,
+        by: str,
+        lease: float,
+        names: Sequence[str] | None = None,
     ) -> list[Leased]:
         """Lease the next tasks in this transaction: they commit with this batch's acks, so a
         busy worker pays one commit per batch, not two."""
-        return await self.tasks.lease(self.conn, queues, limit, token, by, lease)
+        return await self.tasks.lease(self.conn, queues, limit, token, by, lease, names)
 
     async def outcome(
         self, item: Leased, state: TaskState, wait: float | None, error: str | None
@@ -427,10 +433,16 @@ class TaskStore:
         self.store = store
         self.dialect = store.dialect
         self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
-        self._fetch: dict[tuple[tuple[str, ...] | None, float], Any] = {}
+        self._fetch: dict[tuple[tuple[str, ...] | None, float, tuple[str, ...] | None], Any] = {}
 
-    def _fetch_statement(self, queues: Sequence[str] | None, lease: float) -> Any:
-        key = (tuple(queues) if queues is not None else None, lease)
+    def _fetch_statement(
+        self, queues: Sequence[str] | None, lease: float, names: Sequence[str] | None
+    ) -> Any:
+        key = (
+            tuple(queues) if queues is not None else None,
+            lease,
+            tuple(sorted(names)) if names is not None else None,
+        )
         stmt = self._fetch.get(key)
         if stmt is None:
             # With a database clock the lease's end is an expression of it; without one it is
@@ -440,7 +452,7 @@ class TaskStore:
                 if self.dialect.database_clock
                 else sa.bindparam("p_until", type_=tables.tasks.c.lease_expires_at.type)
             )
-            stmt = self._fetch[key] = tasks_sql.fetch(queues, self.dialect.now_sql(), until)
+            stmt = self._fetch[key] = tasks_sql.fetch(queues, self.dialect.now_sql(), until, key[2])
         return stmt
 
     async def lease(
@@ -451,13 +463,15 @@ class TaskStore:
         token: str,
         by: str,
         lease: float,
+        names: Sequence[str] | None = None,
     ) -> list[Leased]:
-        """Lease up to `limit` due tasks in `conn`'s open transaction, oldest id first."""
+        """Lease up to `limit` due tasks in `conn`'s open transaction, oldest id first; with
+        `names`, only tasks of those names."""
         params: dict[str, Any] = {"p_limit": limit, "p_token": token, "p_by": by}
         params.update(self.dialect.now_params())
         if not self.dialect.database_clock:
             params["p_until"] = self.dialect.after(lease)
-        rows = (await conn.execute(self._fetch_statement(queues, lease), params)).all()
+        rows = (await conn.execute(self._fetch_statement(queues, lease, names), params)).all()
         leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
         leased.sort(key=lambda item: item.id)
         return leased
@@ -470,11 +484,12 @@ class TaskStore:
         token: str,
         by: str,
         lease: float,
+        names: Sequence[str] | None = None,
     ) -> list[Leased]:
         """Lease up to `limit` due tasks in a transaction of their own (the attempt counts)."""
         with self.store.translate():
             async with conn.begin():
-                return await self.lease(conn, queues, limit, token, by, lease)
+                return await self.lease(conn, queues, limit, token, by, lease, names)
 
     @contextlib.asynccontextmanager
     async def batch(self, conn: AsyncConnection, *, guarded: bool = True) -> AsyncIterator[Batch]:
@@ -518,6 +533,17 @@ class TaskStore:
                     await conn.execute(
                         tasks_sql.release(ids, token, self.dialect.now(), started=started)
                     )
+
+    async def hand_back(self, leased: Sequence[Leased]) -> list[Any]:
+        """Give back tasks whose attempts a shutdown cancelled: available at once, the attempt
+        not counted, recorded as cancelled; (id, task, attempt) of each handed back."""
+        handed: list[Any] = []
+        with self.store.translate():
+            async with self.store.engine.begin() as conn:
+                for token, ids in _by_token(leased).items():
+                    stmt = tasks_sql.hand_back(ids, token, self.dialect.now())
+                    handed += list(await conn.execute(stmt))
+        return handed
 
     async def rescue(self, limit: int = 1000) -> list[Any]:
         """Make tasks with an expired lease available again; (id, task, attempt, locked_by)."""

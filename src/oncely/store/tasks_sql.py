@@ -71,9 +71,17 @@ def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
     return sa.select(tasks).where(tasks.c.task == task, tasks.c.idempotency_key.in_(keys))
 
 
-def fetch(queues: Sequence[str] | None, now: Any, until: Any) -> Any:
+def fetch(
+    queues: Sequence[str] | None, now: Any, until: Any, names: Sequence[str] | None = None
+) -> Any:
     """Lease up to :p_limit due tasks (skipping rows other workers hold) for :p_token and
-    :p_by: one attempt each. Built once per worker; `until` is the lease's end."""
+    :p_by: one attempt each. Built once per worker; `until` is the lease's end.
+
+    `names`: only tasks of these names (the ones the worker has registered), so a task that
+    a worker of another release does not know waits for one that does. A plain IN list on
+    the column: the due index (run_at, id of available rows) still drives the scan, and the
+    filter is checked on the rows it yields.
+    """
     due = (
         sa.select(tasks.c.id)
         .where(tasks.c.state == AVAILABLE, tasks.c.run_at <= now)
@@ -83,6 +91,8 @@ def fetch(queues: Sequence[str] | None, now: Any, until: Any) -> Any:
     )
     if queues is not None:
         due = due.where(tasks.c.queue.in_(list(queues)))
+    if names is not None:
+        due = due.where(tasks.c.task.in_(list(names)))
     return (
         sa.update(tasks)
         .where(tasks.c.id.in_(due.scalar_subquery()))
@@ -168,6 +178,30 @@ def release(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Up
             locked_by=None,
             lease_expires_at=None,
         )
+    )
+
+
+CANCELLED = "Cancelled: the worker shut down before this attempt finished (not counted)"
+"""The error recorded on a task whose attempt a shutdown cancelled and handed back."""
+
+
+def hand_back(ids: Sequence[int], token: str, now: Any) -> Any:
+    """Give back tasks whose attempts a shutdown cancelled (their work rolled back): available
+    now, the attempt not counted (it was not the task's fault), the error saying why.
+    RETURNING the ids handed back (a task another worker took over matches no row)."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(
+            state=AVAILABLE,
+            attempt=sa.case((tasks.c.attempt > 0, tasks.c.attempt - 1), else_=0),
+            run_at=now,
+            lease_token=None,
+            locked_by=None,
+            lease_expires_at=None,
+            error=CANCELLED,
+        )
+        .returning(tasks.c.id, tasks.c.task, tasks.c.attempt)
     )
 
 
