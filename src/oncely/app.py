@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from . import clock, events
+from . import clock, config, events
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError
 from .identity import replica_id
@@ -179,10 +179,11 @@ class Oncely:
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         stopping: asyncio.Event | None = None,
         handle_signals: bool = False,
-        startup_wait: float = 60.0,
+        startup_wait: float = config.STARTUP_WAIT,
         concurrency: int = DEFAULT_CONCURRENCY,
         lease: float | None = None,
         queues: list[str] | None = None,
+        pool_size: int = config.POOL_SIZE,
     ) -> None:
         """Run the scheduled jobs (all, or `jobs`) and the tasks until `stopping` is set.
 
@@ -191,9 +192,9 @@ class Oncely:
         then are cancelled (rolled back). With `handle_signals`, SIGTERM and SIGINT set
         `stopping` (the CLI does this). A database that is unreachable at start is waited for
         up to `startup_wait` seconds (DatabaseUnavailableError after that); once running,
-        outages are retried forever. Tasks run `concurrency` transactions at once (0: no
-        tasks here), leased for `lease` seconds (default `Oncely(lease=...)`), from `queues`
-        (default: all).
+        outages are retried forever. Up to `concurrency` tasks run at once (0: no tasks here),
+        each in its own transaction on a pool of `pool_size` connections, leased for `lease`
+        seconds (default `Oncely(lease=...)`), from `queues` (default: all).
         """
         from . import worker
 
@@ -208,6 +209,7 @@ class Oncely:
             concurrency=concurrency,
             lease=lease,
             queues=queues,
+            pool_size=pool_size,
         )
 
     @contextlib.asynccontextmanager

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import clock, events, queue
+from . import clock, config, events, queue
 from .errors import ConfigError, DatabaseUnavailableError, OncelyError
 from .identity import replica_id
 from .model import RunStatus
 from .registry import Job
 from .runner import run_slot
 from .scheduler import Missed, OverlapSkipped, Run, Scheduler
+from .work.tasks import TaskWorker
 
 if TYPE_CHECKING:
     from .app import Oncely
@@ -40,11 +41,11 @@ OUTAGE_BACKOFF_FIRST = 0.25
 """Seconds before the first retry after the database became unreachable; doubles each time."""
 OUTAGE_BACKOFF_MAX = 5.0
 """The longest wait between two tries while the database is unreachable (before jitter)."""
-DEFAULT_SHUTDOWN_TIMEOUT = 25.0
+DEFAULT_SHUTDOWN_TIMEOUT = config.SHUTDOWN_TIMEOUT
 """Seconds running attempts get to finish after SIGTERM before they are cancelled (rolled
 back, tasks handed back): inside Kubernetes' default 30 s grace period, with room to spare
 for the hand-back and the exit before SIGKILL."""
-DEFAULT_STARTUP_WAIT = 60.0
+DEFAULT_STARTUP_WAIT = config.STARTUP_WAIT
 """Seconds a starting worker waits for an unreachable database before giving up (exit 2)."""
 CLOCK_CHECK_EVERY = 60.0
 """Seconds between two readings of the database's clock (slots come due by it)."""
@@ -365,11 +366,13 @@ def components(
     concurrency: int = queue.DEFAULT_CONCURRENCY,
     lease: float | None = None,
     queues: list[str] | None = None,
+    pool_size: int = queue.DEFAULT_POOL_SIZE,
 ) -> list[Coroutine[Any, Any, None]]:
     """The long-running parts of a worker, all stopped by the same event.
 
     The scheduled-job loop runs the selected jobs; the task queue's consumer runs the app's
-    tasks (`concurrency` transactions at once; 0 turns it off) with the same graceful stop.
+    tasks (`concurrency` at once, on `pool_size` connections; 0 turns it off) with the same
+    graceful stop.
     """
     return _Parts(
         app,
@@ -380,6 +383,7 @@ def components(
         concurrency=concurrency,
         lease=lease,
         queues=queues,
+        pool_size=pool_size,
     ).parts
 
 
@@ -397,10 +401,11 @@ class _Parts:
         concurrency: int,
         lease: float | None,
         queues: list[str] | None,
+        pool_size: int = queue.DEFAULT_POOL_SIZE,
     ) -> None:
         self.parts: list[Coroutine[Any, Any, None]] = []
         self.loop: JobWorker | None = None
-        self.consumer: queue.Worker | None = None
+        self.consumer: TaskWorker | None = None
         selected = list(jobs) if jobs is not None else list(app.registry)
         if selected:
             self.loop = JobWorker(
@@ -412,7 +417,9 @@ class _Parts:
             )
             self.parts.append(self.loop.run())
         if len(app.tasks) and concurrency > 0:
-            self.consumer = queue.Worker(app, concurrency=concurrency, lease=lease, queues=queues)
+            self.consumer = queue.worker(
+                app, concurrency=concurrency, lease=lease, queues=queues, pool_size=pool_size
+            )
             consume = self.consumer.consume(stopping)
             self.parts.append(_stops_within(consume, stopping, shutdown_timeout))
 
@@ -469,6 +476,7 @@ async def serve(
     concurrency: int = queue.DEFAULT_CONCURRENCY,
     lease: float | None = None,
     queues: list[str] | None = None,
+    pool_size: int = queue.DEFAULT_POOL_SIZE,
 ) -> None:
     """Run every component until `stopping` is set (or SIGTERM/SIGINT, with handle_signals)."""
     loop = asyncio.get_running_loop()
@@ -487,6 +495,7 @@ async def serve(
         concurrency=concurrency,
         lease=lease,
         queues=queues,
+        pool_size=pool_size,
     )
     tasks = [asyncio.create_task(part) for part in parts.parts]
     stopped_at: list[float] = []

@@ -6,8 +6,7 @@ import asyncio
 
 import click
 
-from ..queue import DEFAULT_CONCURRENCY
-from ..worker import DEFAULT_SHUTDOWN_TIMEOUT
+from .. import config
 from . import Context, Finite, handled
 from .metrics import metrics_options, start_metrics
 
@@ -23,7 +22,7 @@ def _job_list(value: str | None) -> list[str] | None:
 @click.option("--jobs", metavar="A,B", help="Run only these jobs (default: every job).")
 @click.option(
     "--shutdown-timeout",
-    default=DEFAULT_SHUTDOWN_TIMEOUT,
+    default=config.SHUTDOWN_TIMEOUT,
     show_default=True,
     type=Finite(0),
     metavar="SECONDS",
@@ -32,7 +31,7 @@ def _job_list(value: str | None) -> list[str] | None:
 )
 @click.option(
     "--startup-wait",
-    default=60.0,
+    default=config.STARTUP_WAIT,
     show_default=True,
     type=Finite(0),
     metavar="SECONDS",
@@ -40,17 +39,25 @@ def _job_list(value: str | None) -> list[str] | None:
 )
 @click.option(
     "--concurrency",
-    default=DEFAULT_CONCURRENCY,
+    default=config.CONCURRENCY,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Task transactions to run at once in this process (0: run no tasks here).",
+    help="Tasks to run at once in this process (0: run no tasks here).",
+)
+@click.option(
+    "--pool-size",
+    default=config.POOL_SIZE,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Database connections for the tasks: a task holds one from its first statement to "
+    "its commit; one that makes no statement holds none.",
 )
 @click.option(
     "--lease",
     type=Finite(0, open_min=True),
     metavar="SECONDS",
     help="How long a task stays leased to this worker without a heartbeat "
-    "[default: Oncely(lease=...), 30].",
+    f"[default: Oncely(lease=...), {config.LEASE:g}].",
 )
 @click.option("--queues", metavar="A,B", help="Run only tasks of these queues (default: all).")
 @metrics_options
@@ -62,6 +69,7 @@ def worker(
     shutdown_timeout: float,
     startup_wait: float,
     concurrency: int,
+    pool_size: int,
     lease: float | None,
     queues: str | None,
     metrics_port: int | None,
@@ -83,6 +91,7 @@ def worker(
                 startup_wait=startup_wait,
                 handle_signals=True,
                 concurrency=concurrency,
+                pool_size=pool_size,
                 lease=lease,
                 queues=_job_list(queues),
             )

@@ -262,3 +262,44 @@ class Dialect(abc.ABC):
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a driver error means another transaction holds the lock we asked for."""
         return False
+
+    # -- a task's own transaction (store/task_store.TaskTransaction) ----------------------
+
+    def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
+        """`engine` for statements that are each a transaction of their own (a lease, a
+        heartbeat): one round trip each where the driver allows, no BEGIN or COMMIT."""
+        return engine
+
+    def task_engine(self, engine: AsyncEngine) -> AsyncEngine:
+        """The engine whose connections a worker lends to tasks' transactions (see
+        `begin_task`), made once from an engine of the worker's own."""
+        return engine
+
+    def task_options(self, *, eager: bool) -> dict[str, Any]:
+        """Execution options for a task's connection; `eager`: take the write lock at the
+        transaction's first statement (SQLite, after a conflict), not at its first write."""
+        return {}
+
+    async def task_connection_ok(self, conn: AsyncConnection, idle_s: float) -> bool:
+        """Whether a task's connection, idle `idle_s` seconds, can serve the next task."""
+        return not conn.closed and not conn.invalidated and not conn.in_transaction()
+
+    def begin_task(self, connection: Connection) -> Any:
+        """Called (inside the session's greenlet) when a task's session begins on
+        `connection`: begin the task's durable transaction on the driver and return the driver
+        connection, or return None when SQLAlchemy's own BEGIN is the task's transaction."""
+        return None
+
+    async def ack_and_commit(self, driver: Any, task_id: int, token: str) -> bool:
+        """On a driver `begin_task` returned: mark the task succeeded iff its lease is still
+        ours and commit the task's work with it; False (rolled back) if the lease was lost."""
+        raise NotImplementedError
+
+    async def rollback_task(self, driver: Any) -> None:
+        """Roll back a task's transaction begun on the driver, if it is still open."""
+        raise NotImplementedError
+
+    def is_conflict(self, exc: BaseException) -> bool:
+        """Whether an error a task's transaction met is a conflict with another writer that
+        running the attempt again resolves (SQLite's write lock), not the task's failing."""
+        return False

@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
@@ -181,6 +182,32 @@ async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> boo
         raise DatabaseError(f"claiming failed: {exc}") from exc
 
 
+# -- a task's own transaction, on the driver ---------------------------------------------
+# A task's session runs in SQLAlchemy's AUTOCOMMIT mode on the worker's pool, as an attempt's
+# does: its first statement checks a connection out, and `begin_task` then opens the task's
+# transaction on the driver, durable although the pool's connections are not (a lease or a
+# heartbeat does not wait for the disk). The ack and the COMMIT travel in one message: a lost
+# lease makes the ack's count zero, the division fails, and the message stops before COMMIT.
+
+TASK_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO on"
+TASK_ACK_AND_COMMIT = (
+    "WITH acked AS (UPDATE oncely_tasks SET state = 'succeeded', "
+    "finished_at = clock_timestamp(), lease_expires_at = NULL "
+    "WHERE id = {id:d} AND lease_token = '{token}' AND state = 'running' RETURNING 1) "
+    "SELECT 1 / count(*) FROM acked; COMMIT"
+)
+# The two values above are written into the message, not bound: a simple query (the only kind
+# that carries a COMMIT with it) takes no parameters. Both are oncely's own: the task's id (an
+# int) and the worker's lease token, which must match this pattern (see TaskWorker.token).
+_TOKEN = re.compile(r"[0-9a-f]{1,32}\.[0-9]{1,20}")
+
+
+def _task_ack_sql(task_id: int, token: str) -> str:
+    if not isinstance(task_id, int) or not _TOKEN.fullmatch(token):
+        raise BadInputError(f"not a task id and lease token: {task_id!r}, {token!r}")
+    return TASK_ACK_AND_COMMIT.format(id=task_id, token=token)
+
+
 def _driver(conn: AsyncConnection) -> Any:
     """The asyncpg connection under a checked-out connection, at hand without I/O
     (get_raw_connection() would take a greenlet round of its own to answer the same)."""
@@ -307,6 +334,38 @@ class PostgresDialect(Dialect):
         except Exception:
             return False
         return True
+
+    def task_engine(self, engine: AsyncEngine) -> AsyncEngine:
+        return self.attempt_engine(engine) or engine
+
+    async def task_connection_ok(self, conn: AsyncConnection, idle_s: float) -> bool:
+        if conn.closed or conn.invalidated:
+            return False
+        if conn.engine.dialect.driver != "asyncpg":
+            return not conn.in_transaction()
+        return await self.reusable(conn, idle_s)
+
+    def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def begin_task(self, connection: Connection) -> Any:
+        driver = getattr(connection.connection, "driver_connection", None)
+        autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        if not autocommit or not isinstance(driver, asyncpg.Connection):
+            return None  # SQLAlchemy's BEGIN (another driver, or the user's own engine)
+        await_only(driver.execute(TASK_BEGIN))
+        return driver
+
+    async def ack_and_commit(self, driver: Any, task_id: int, token: str) -> bool:
+        try:
+            await driver.execute(_task_ack_sql(task_id, token))
+        except asyncpg.DivisionByZeroError:
+            await driver.execute("ROLLBACK")
+            return False
+        return True
+
+    async def rollback_task(self, driver: Any) -> None:
+        await self.rollback_attempt(driver)
 
     async def lock_migrations(self, conn: AsyncConnection) -> None:
         await conn.execute(

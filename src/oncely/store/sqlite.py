@@ -29,6 +29,9 @@ BUSY_MS_OPTION = "oncely_busy_ms"
 DEFAULT_BUSY_MS = 5000
 READ_ONLY_OPTION = "oncely_read_only"
 """Execution option: open a plain (deferred) transaction, for reads that must not queue."""
+DEFERRED_OPTION = "oncely_deferred"
+"""Execution option: open a deferred transaction, which takes the write lock at its first
+write (a task's: it holds the lock from its first write to its commit, not from its start)."""
 
 
 WAL_PRAGMA = "PRAGMA journal_mode=WAL"
@@ -93,8 +96,9 @@ def _on_begin(conn: Connection) -> None:
     if conn.info.get(BUSY_MS_OPTION) != busy_ms:
         conn.exec_driver_sql(f"PRAGMA busy_timeout = {busy_ms:d}")
         conn.info[BUSY_MS_OPTION] = busy_ms
-    read_only = conn.get_execution_options().get(READ_ONLY_OPTION, False)
-    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+    options = conn.get_execution_options()
+    deferred = options.get(READ_ONLY_OPTION, False) or options.get(DEFERRED_OPTION, False)
+    conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
 
 def _on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
@@ -193,3 +197,19 @@ class SQLiteDialect(Dialect):
 
     def is_busy(self, exc: BaseException) -> bool:
         return _is_busy(exc)
+
+    def task_options(self, *, eager: bool) -> dict[str, Any]:
+        return {DEFERRED_OPTION: not eager}
+
+    def is_conflict(self, exc: BaseException) -> bool:
+        # "database is locked": the write lock stayed taken for the whole busy timeout, or a
+        # deferred transaction that read first found the database changed since its read
+        # (SQLITE_BUSY_SNAPSHOT, which the busy timeout does not wait out).
+        seen: BaseException | None = exc
+        for _ in range(5):
+            if seen is None:
+                return False
+            if _is_busy(seen):
+                return True
+            seen = getattr(seen, "orig", None) or seen.__cause__
+        return False

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import NullPool, QueuePool
 
 from .. import hooks
 from ..errors import (
@@ -55,8 +55,12 @@ from .session import (
     set_attempt_driver,
 )
 from .tables import schema_versions
+from .task_pool import TaskPool
 from .urls import normalize_url, sync_url
 
+CONTROL_WAIT_S = 3600.0
+"""How long a worker's statement may wait for its control connection (held by the others,
+one statement at a time)."""
 RELEASE_BUSY_MS = 500
 """How long `release` waits on SQLite for the write lock before answering "running"."""
 
@@ -100,6 +104,28 @@ class Store:
         )
         self.dialect.configure_engine(engine)
         return engine
+
+    def worker_engines(self, pool_size: int) -> tuple[TaskPool, AsyncEngine]:
+        """A task worker's pool (at most `pool_size` connections: each running task's
+        transaction holds one from its first statement to its end) and the engine of its
+        control connection (one: leases, outcomes, heartbeats, rescues, one statement at a
+        time, never waiting behind tasks). On a user's own engine, both take its connections."""
+        check = self.dialect.task_connection_ok
+        if not self._owns_engine or not isinstance(self.engine.sync_engine.pool, QueuePool):
+            return TaskPool(self.dialect.task_engine(self.engine), pool_size, check), self.engine
+        lent = create_async_engine(
+            self.engine.url, poolclass=NullPool, **self.dialect.lane_options()
+        )
+        self.dialect.configure_engine(lent)
+        control = create_async_engine(
+            self.engine.url,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=CONTROL_WAIT_S,
+            **self.dialect.lane_options(),
+        )
+        self.dialect.configure_engine(control)
+        return TaskPool(self.dialect.task_engine(lent), pool_size, check), control
 
     @functools.cached_property
     def tasks(self) -> task_store.TaskStore:

@@ -1,19 +1,18 @@
-"""The task queue's side of the store: enqueue in the caller's transaction, leases, batches.
+"""The task queue's side of the store: enqueue in the caller's transaction, leases, acks.
 
-A worker runs a batch of leased tasks in one transaction, each task in a savepoint of its own
-(opened just before its first statement: a task that touches no table costs no round trip),
-the tasks sharing one session that is emptied between them. A task that
-raises rolls back to its savepoint and its retry (or end) is recorded in the same transaction.
-At the end, one compare-and-set on (id, lease_token) marks every task that returned succeeded;
-the commit lands each task's work together with its ack: one effect per task. The worker rolls
-the whole transaction back if a task that wrote turns out to have lost its lease.
+A worker runs each leased task in a transaction of its own (TaskTransaction): the task's
+statements and its ack, a compare-and-set on (id, lease_token), commit together or not at
+all, so each task's work lands once. The transaction takes a connection of the worker's pool
+at the task's first statement and gives it back at its end; a task that makes no statement
+takes none, and its ack (or a failed task's retry or end, after its work rolled back) is a
+`Settle`, which the worker writes for many tasks in one short transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.util import await_only
 
 from .. import clock, hooks
 from ..model import TaskRecord, TaskState
@@ -32,7 +32,8 @@ from .claims import raise_translated
 from .dialect import Dialect
 from .dialects import dialect_for, driver_dialect
 from .plan import Plan, Step, run, run_async
-from .session import AttemptSession, hand_back
+from .session import AttemptSession, end, hand_back
+from .task_pool import TaskPool
 
 
 class Ledger(Protocol):
@@ -231,40 +232,25 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
     return run(session, _enqueue_plan(dialect, entries))
 
 
-SAVEPOINT = "oncely_task"
-_BATCH = "oncely.batch"
+_TX = "oncely.task_transaction"
 
 
 class TaskSession(AttemptSession):
-    """The tasks' session inside a batch: each task's first statement is seen by the batch
-    (which opens the task's savepoint then, if it gives tasks one)."""
+    """A task's session: its commit, rollback and close belong to oncely, and its first
+    statement takes a connection of the worker's pool (see TaskTransaction)."""
 
-    def connection(
-        self,
-        bind_arguments: Any = None,
-        execution_options: Any = None,
-    ) -> Connection:
-        # A task that takes the connection may run statements on the driver itself, which no
-        # event sees (nor begins SQLAlchemy's transaction for): it gets its savepoint now,
-        # which also begins the transaction, guarded batch or not.
-        batch = self.info.get(_BATCH)
-        if batch is not None:
-            batch.first_statement(batch.conn.sync_connection, direct=True)
-        return super().connection(bind_arguments, execution_options)
+    def get_bind(self, *args: Any, **kwargs: Any) -> Any:
+        tx = self.info.get(_TX)
+        if tx is None:
+            return super().get_bind(*args, **kwargs)  # refuses once the attempt has ended
+        return tx.connection()
 
 
 @event.listens_for(TaskSession, "after_begin")
 def _on_begin(session: Session, _transaction: Any, connection: Connection) -> None:
-    batch = session.info.get(_BATCH)
-    if batch is not None:
-        batch.first_statement(connection)
-
-
-def _reusable(sync: Session) -> bool:
-    """Whether a session a task returned from can serve the next task as it is."""
-    if not sync.in_transaction():
-        return True
-    return sync.is_active and not sync.in_nested_transaction()
+    tx = session.info.get(_TX)
+    if tx is not None:
+        tx.began(connection)
 
 
 def _by_token(leased: Sequence[Leased]) -> dict[str, list[int]]:
@@ -274,156 +260,96 @@ def _by_token(leased: Sequence[Leased]) -> dict[str, list[int]]:
     return by_token
 
 
-class Batch:
-    """One transaction running several leased tasks.
+@dataclass(frozen=True)
+class Settle:
+    """What a worker writes for a task whose attempt ended without a commit of its own:
+    `state` succeeded (its ack: it made no statement), or its retry (available, in `wait`
+    seconds) or end (discarded, dead) with `error`, after its work rolled back."""
 
-    The tasks share one session, which stays in the transaction from task to task (it is
-    emptied after each, and replaced after a task that failed). The batch sees each task's
-    first statement: whichever comes first of the session beginning, a statement on the
-    connection, or the task asking for the connection; a task with none touched nothing.
+    item: Leased
+    state: TaskState
+    wait: float | None = None
+    error: str | None = None
 
-    A `guarded` batch gives each task that writes a savepoint of its own, opened just before
-    that first statement, so a failing task's work can be rolled back alone. The name is
-    constant; savepoints are not released, so they nest, and ROLLBACK TO reaches the newest
-    one: the failing task's own. An unguarded batch saves that round trip per task, except
-    for a task that takes the connection (it may write on the driver, unseen); a task that
-    wrote without a savepoint and failed cannot be undone alone (`undo` says so), and the
-    worker rolls the whole transaction back instead.
+
+class TaskTransaction:
+    """One task's own transaction, holding that task's statements and its ack, nothing else.
+
+    The task's first statement (a query, a flush, or the task asking for the connection)
+    takes a connection of the worker's pool and begins the transaction; `commit` acks the
+    task in it, a compare-and-set on (id, lease token), and commits work and ack together;
+    `close` rolls back whatever did not commit and gives the connection back. A task that
+    makes no statement takes no connection at all.
     """
 
-    def __init__(self, conn: AsyncConnection, tasks: TaskStore, *, guarded: bool = True) -> None:
-        self.conn = conn
+    def __init__(self, tasks: TaskStore, pool: TaskPool, item: Leased, *, eager: bool) -> None:
         self.tasks = tasks
+        self.pool = pool
+        self.item = item
         self.dialect = tasks.dialect
-        self.guarded = guarded
-        self.acked: list[Leased] = []
-        """The tasks this batch acked: they succeed iff the batch commits."""
-        self._session: AsyncSession | None = None
-        self._pending = False
-        """The running task has not run a statement yet."""
-        self._touched = False
-        """The running task ran a statement (it wrote, or tried to)."""
-        self._saved = False
-        """The running task opened a savepoint before its first statement."""
-        self._failed = False
-        """The running task failed: its session is replaced, not reused."""
-        self.writers = 0
-        """How many tasks of this batch ran a statement."""
-        event.listen(conn.sync_connection, "before_cursor_execute", self._before_statement)
+        self.touched = False
+        """The task made a statement: its transaction is open (until commit or close)."""
+        self._options = self.dialect.task_options(eager=eager)
+        self._conn: AsyncConnection | None = None
+        self._driver: Any = None
+        self.session = AsyncSession(sync_session_class=TaskSession, expire_on_commit=False)
+        self.session.sync_session.info[_TX] = self
 
-    def _before_statement(self, connection: Connection, *_args: Any) -> None:
-        if self._pending:
-            self.first_statement(connection)
+    def connection(self) -> Connection:
+        """The task's connection, taken from the pool at the first call (in the session's
+        greenlet, where the pool can be awaited)."""
+        if self._conn is None:
+            self._conn = await_only(self.pool.take())
+        sync = self._conn.sync_connection
+        assert sync is not None  # an AsyncConnection that is connected
+        if self._options:
+            sync.execution_options(**self._options)
+        return sync
 
-    def first_statement(self, connection: Connection, *, direct: bool = False) -> None:
-        """The running task is about to run its first statement (`direct`: on a connection it
-        took): open its savepoint now if the batch is guarded or the task is direct."""
-        if self._pending:
-            self._pending = False  # first: the statement below passes _before_statement
-            if self.guarded or direct:
-                self.dialect.savepoint_sql(connection, f"SAVEPOINT {SAVEPOINT}")
-                self._saved = True
-            self._touched = True
+    def began(self, connection: Connection) -> None:
+        """The session began on `connection` (its first statement is next)."""
+        self.touched = True
+        self._driver = self.dialect.begin_task(connection)
 
-    def session(self) -> AsyncSession:
-        """The session for the next task; it never commits or rolls back the batch's
-        transaction, and the batch sees its first statement (see `first_statement`)."""
-        self._pending = True
-        self._touched = self._saved = False
-        if self._session is None:
-            self._session = AsyncSession(
-                bind=self.conn,
-                join_transaction_mode="rollback_only",
-                sync_session_class=TaskSession,
-                expire_on_commit=False,
-            )
-            self._session.sync_session.info[_BATCH] = self
-        return self._session
-
-    async def finish(self, session: AsyncSession) -> None:
-        """Flush what the task left pending (in its savepoint): its work is then all in SQL."""
-        sync = session.sync_session
-        if sync.identity_map or sync.new or sync.deleted:
-            await session.flush()
-
-    async def close(self, session: AsyncSession) -> None:
-        """Done with a task: the session is emptied for the next one (replaced if the task
-        failed or left it in a state of its own)."""
-        self._pending = False
-        if self._touched:
-            self.writers += 1
-        sync = session.sync_session
-        if session is self._session and not self._failed and _reusable(sync):
-            sync.expunge_all()
-            if len(sync.info) > 1:
-                sync.info.clear()
-                sync.info[_BATCH] = self
-            return
-        self._failed = False
-        await self._drop()
-
-    async def _drop(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            session.sync_session.info.pop(_BATCH, None)
-            hand_back(session.sync_session)
-            await session.close()
-
-    async def end(self) -> None:
-        """Close the tasks' session before the transaction ends."""
-        event.remove(self.conn.sync_connection, "before_cursor_execute", self._before_statement)
-        await self._drop()
-
-    def touched(self, session: AsyncSession) -> bool:
-        """Whether the running task ran a statement."""
-        return self._touched
-
-    async def undo(self, session: AsyncSession) -> bool:
-        """Roll the task's work back to its savepoint (the batch's other work stays); its
-        session is replaced. False if it cannot be undone alone: it wrote in an unguarded
-        batch, and only rolling back the whole transaction removes its work."""
-        self._pending, self._failed = False, True
-        if not self._touched:
+    async def commit(self) -> bool | None:
+        """Flush what the task left pending, then ack it and commit its work with the ack:
+        True; False if its lease was lost (nothing of it committed); None if the task made
+        no statement (nothing to commit: its ack is a `Settle` for the worker to write)."""
+        session, sync = self.session, self.session.sync_session
+        if sync.new or sync.dirty or sync.deleted:
+            await session.flush()  # the task's own work: an error here is the task's
+        if not self.touched:
+            return None
+        hand_back(sync)
+        item = self.item
+        with self.tasks.store.translate():
+            if self._driver is not None:
+                hooks.before_commit(item.task, str(item.id))
+                return await self.dialect.ack_and_commit(self._driver, item.id, item.token)
+            params = {"p_ids": [item.id], "p_token": item.token, **self.dialect.now_params()}
+            if (await session.execute(self.tasks.ack_statement, params)).first() is None:
+                await session.rollback()
+                return False
+            hooks.before_commit(item.task, str(item.id))
+            await session.commit()
             return True
-        if not self._saved:
-            return False
-        await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-        return True
 
-    async def ack(self, leased: Sequence[Leased]) -> set[int]:
-        """Mark tasks that succeeded in this batch (whether or not they wrote) succeeded iff
-        their leases are still ours, in one statement per lease token; the ids that were."""
-        held: set[int] = set()
-        for token, ids in _by_token(leased).items():
-            params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
-            rows = await self.conn.execute(self.tasks.ack_statement, params)
-            held.update(r.id for r in rows)
-        self.acked += [item for item in leased if item.id in held]
-        return held
-
-    async def lease(
-        self,
-        queues: Sequence[str] | None,
-        limit: int,
-        token: str,
-        by: str,
-        lease: float,
-        names: Sequence[str] | None = None,
-    ) -> list[Leased]:
-        """Lease the next tasks in this transaction: they commit with this batch's acks, so a
-        busy worker pays one commit per batch, not two."""
-        return await self.tasks.lease(self.conn, queues, limit, token, by, lease, names)
-
-    async def outcome(
-        self, item: Leased, state: TaskState, wait: float | None, error: str | None
-    ) -> bool:
-        """Record a task's retry (in `wait` seconds) or end, after its savepoint rolled back;
-        False if the lease is no longer ours (nothing recorded)."""
-        run_at = self.dialect.after(wait) if wait is not None else None
-        stmt = tasks_sql.record_outcome(
-            item.id, item.token, state.value, run_at, error, self.dialect.now()
-        )
-        return bool((await self.conn.execute(stmt)).rowcount)
+    async def close(self) -> None:
+        """Roll back what did not commit and give the connection back to the pool."""
+        sync = self.session.sync_session
+        hand_back(sync)
+        try:
+            if self._driver is not None:
+                with contextlib.suppress(Exception):
+                    await self.dialect.rollback_task(self._driver)
+            with contextlib.suppress(Exception):
+                await self.session.close()
+        finally:
+            sync.info.pop(_TX, None)
+            end(sync)
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await self.pool.give(conn)
 
 
 class TaskStore:
@@ -491,27 +417,37 @@ class TaskStore:
             async with conn.begin():
                 return await self.lease(conn, queues, limit, token, by, lease, names)
 
-    @contextlib.asynccontextmanager
-    async def batch(self, conn: AsyncConnection, *, guarded: bool = True) -> AsyncIterator[Batch]:
-        """A transaction on `conn` that commits on a normal exit and rolls back otherwise
-        (on any exception, BaseExceptions included: a test's simulated crash). `guarded`:
-        whether each task that writes gets a savepoint (see Batch).
+    def transaction(self, pool: TaskPool, item: Leased, *, eager: bool = False) -> TaskTransaction:
+        """A leased task's own transaction, on a worker's pool (see TaskTransaction)."""
+        return TaskTransaction(self, pool, item, eager=eager)
 
-        Just before the commit, `hooks.before_commit(task, str(id))` is called for each acked
-        task: the seam where the testing toolkit stops a worker between work and commit.
-        """
+    async def settle(
+        self, settles: Sequence[Settle], engine: AsyncEngine | None = None
+    ) -> set[int]:
+        """Write many tasks' acks, retries and ends in one transaction, each iff the task's
+        lease is still ours; the ids written (a missing id lost its lease)."""
+        done: set[int] = set()
+        acks = [s.item for s in settles if s.state is TaskState.SUCCEEDED]
         with self.store.translate():
-            async with conn.begin():
-                batch = Batch(conn, self, guarded=guarded)
-                try:
-                    yield batch
-                finally:
-                    await batch.end()
-                await self.dialect.durable(conn)  # before the commit, not before the tasks
-                for item in batch.acked:
-                    hooks.before_commit(item.task, str(item.id))
+            async with (engine or self.store.engine).begin() as conn:
+                await self.dialect.durable(conn)  # an ack is as durable as a task's commit
+                for token, ids in _by_token(acks).items():
+                    params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
+                    done.update(r.id for r in await conn.execute(self.ack_statement, params))
+                for s in settles:
+                    if s.state is TaskState.SUCCEEDED:
+                        continue
+                    run_at = self.dialect.after(s.wait) if s.wait is not None else None
+                    stmt = tasks_sql.record_outcome(
+                        s.item.id, s.item.token, s.state.value, run_at, s.error, self.dialect.now()
+                    )
+                    if (await conn.execute(stmt)).rowcount:
+                        done.add(s.item.id)
+        return done
 
-    async def heartbeat(self, leased: Sequence[Leased], lease: float) -> set[int]:
+    async def heartbeat(
+        self, leased: Sequence[Leased], lease: float, engine: AsyncEngine | None = None
+    ) -> set[int]:
         """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""
         if not leased:
             return set()
@@ -519,36 +455,41 @@ class TaskStore:
             [t.id for t in leased], sorted({t.token for t in leased}), self.dialect.after(lease)
         )
         with self.store.translate():
-            async with self.store.engine.begin() as conn:
+            async with (engine or self.store.engine).begin() as conn:
                 return {r.id for r in await conn.execute(stmt)}
 
-    async def release(self, leased: Sequence[Leased], *, started: bool = False) -> None:
+    async def release(
+        self,
+        leased: Sequence[Leased],
+        *,
+        started: bool = False,
+        engine: AsyncEngine | None = None,
+    ) -> None:
         """Give back leased tasks at once; `started=False` does not count the attempt."""
-        by_token: dict[str, list[int]] = {}
-        for item in leased:
-            by_token.setdefault(item.token, []).append(item.id)
         with self.store.translate():
-            async with self.store.engine.begin() as conn:
-                for token, ids in by_token.items():
+            async with (engine or self.store.engine).begin() as conn:
+                for token, ids in _by_token(leased).items():
                     await conn.execute(
                         tasks_sql.release(ids, token, self.dialect.now(), started=started)
                     )
 
-    async def hand_back(self, leased: Sequence[Leased]) -> list[Any]:
+    async def hand_back(
+        self, leased: Sequence[Leased], engine: AsyncEngine | None = None
+    ) -> list[Any]:
         """Give back tasks whose attempts a shutdown cancelled: available at once, the attempt
         not counted, recorded as cancelled; (id, task, attempt) of each handed back."""
         handed: list[Any] = []
         with self.store.translate():
-            async with self.store.engine.begin() as conn:
+            async with (engine or self.store.engine).begin() as conn:
                 for token, ids in _by_token(leased).items():
                     stmt = tasks_sql.hand_back(ids, token, self.dialect.now())
                     handed += list(await conn.execute(stmt))
         return handed
 
-    async def rescue(self, limit: int = 1000) -> list[Any]:
+    async def rescue(self, limit: int = 1000, engine: AsyncEngine | None = None) -> list[Any]:
         """Make tasks with an expired lease available again; (id, task, attempt, locked_by)."""
         with self.store.translate():
-            async with self.store.engine.begin() as conn:
+            async with (engine or self.store.engine).begin() as conn:
                 return list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
 
     # -- the operator's views -----------------------------------------------------------

@@ -23,14 +23,14 @@ from collections.abc import Awaitable
 from datetime import timezone
 from typing import Any
 
-from .. import events
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
 from ..model import TaskRecord, TaskState
-from ..queue import Worker
 from ..store import Store
-from ..store.task_store import Leased
 from ..tasks import Task
+from ..work.options import WorkerOptions
+from ..work.outcome import Dead, LeaseLost, Outcome, Succeeded
+from ..work.tasks import TaskWorker
 from .targets import Delivery, _point, database_url, reference, register_target_kind, resolve
 
 DEFAULT_LEASE = 2.0
@@ -39,13 +39,18 @@ TIMEOUT = 60.0
 """Seconds a delivery may take beyond its lease before it reports `failed`."""
 POLL = 0.02
 
-_OUTCOMES = {
-    "task.succeeded": "ran",
-    "task.lease_lost": "skipped",
-    "task.retry": "failed",
-    "task.dead": "failed",
-    "task.discarded": "failed",
-}
+
+def _delivered(outcome: Outcome, key: str) -> Delivery:
+    """A delivery's result from its attempt's outcome."""
+    if isinstance(outcome, Succeeded):
+        return Delivery(status="ran", key=key, pid=_pid())
+    if isinstance(outcome, LeaseLost):
+        return Delivery(status="skipped", key=key, pid=_pid())
+    error = outcome.error if not isinstance(outcome, Dead) or outcome.error else None
+    text = (
+        f"{type(error).__name__}: {error}" if error is not None else getattr(outcome, "text", None)
+    )
+    return Delivery(status="failed", key=key, error=text, pid=_pid())
 
 
 class TaskRun:
@@ -134,59 +139,41 @@ class TaskRun:
         """Lease and run the task's queue until this task has an outcome for this delivery."""
         app, store = self.app, self.app.store
         key = str(task_id)
-        worker = Worker(app, concurrency=1, lease=self.lease, queues=[self.task.queue])
-        attempts: set[int] = set()
-        outcome: list[Delivery] = []
-
-        def observe(event: str, fields: Any) -> None:
-            status = _OUTCOMES.get(event)
-            if status and fields.get("id") == task_id and fields.get("attempt") in attempts:
-                outcome.append(Delivery(status=status, key=key, error=fields.get("error")))
-
+        worker = TaskWorker(
+            store,
+            app.tasks,
+            WorkerOptions(concurrency=1, lease=self.lease, queues=(self.task.queue,)),
+        )
         deadline = time.monotonic() + TIMEOUT + self.lease
         stop = asyncio.Event()
-        heartbeat = asyncio.create_task(worker._heartbeat(stop))
-        events.subscribe(observe)
+        heartbeat = asyncio.create_task(worker.keep_leases(stop))
         rescued_at = 0.0
         try:
-            async with store.engine.connect() as conn:
-                while not outcome:
-                    if time.monotonic() > deadline:
-                        return Delivery(
-                            status="failed",
-                            key=key,
-                            error=f"task {task_id} had no outcome within {TIMEOUT + self.lease}s",
-                            pid=_pid(),
-                        )
-                    if time.monotonic() - rescued_at > min(0.25, self.lease / 4):
-                        await _quietly(store, store.tasks.rescue())  # a crashed attempt's lease
-                        rescued_at = time.monotonic()
-                    leased: list[Leased] = await _quietly(
-                        store,
-                        store.tasks.fetch(
-                            conn,
-                            worker.queues,
-                            worker.batch,
-                            worker.token(),
-                            worker.by,
-                            worker.lease,
-                        ),
+            while True:
+                if time.monotonic() > deadline:
+                    return Delivery(
+                        status="failed",
+                        key=key,
+                        error=f"task {task_id} had no outcome within {TIMEOUT + self.lease}s",
+                        pid=_pid(),
                     )
-                    if leased:
-                        attempts.update(item.attempt for item in leased if item.id == task_id)
-                        await worker.run_batch(conn, leased)
-                        continue
-                    done = await self._settled(task_id)
-                    if done is not None:
-                        return done
-                    await asyncio.sleep(POLL)
+                if time.monotonic() - rescued_at > min(0.25, self.lease / 4):
+                    await _quietly(store, store.tasks.rescue())  # a crashed attempt's lease
+                    rescued_at = time.monotonic()
+                outcomes: list[Outcome] = await _quietly(store, worker.step())
+                mine = [o for o in outcomes if o.item.id == task_id]
+                if mine:
+                    return _delivered(mine[0], key)
+                if outcomes:
+                    continue
+                done = await self._settled(task_id)
+                if done is not None:
+                    return done
+                await asyncio.sleep(POLL)
         finally:
-            events.unsubscribe(observe)
             stop.set()
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-        first = outcome[0]
-        return Delivery(status=first.status, key=key, error=first.error, pid=_pid())
 
     async def _settled(self, task_id: int) -> Delivery | None:
         """The outcome for a delivery that could not lease the task, or None to keep waiting

@@ -1,0 +1,73 @@
+"""WorkerOptions: what a worker is told to do, checked once, frozen."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import config
+from ..errors import BadInputError
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInputError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise BadInputError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """A worker's settings; every default is `oncely.config`'s."""
+
+    concurrency: int = config.CONCURRENCY
+    lease: float = config.LEASE
+    queues: tuple[str, ...] | None = None
+    batch: int = config.BATCH
+    poll: float = config.POLL
+    pool_size: int = config.POOL_SIZE
+    shutdown_timeout: float = config.SHUTDOWN_TIMEOUT
+    startup_wait: float = config.STARTUP_WAIT
+
+    def __post_init__(self) -> None:
+        _count("concurrency", self.concurrency)
+        _count("batch", self.batch)
+        _count("pool_size", self.pool_size)
+        object.__setattr__(self, "lease", _positive("the lease", self.lease))
+        object.__setattr__(self, "poll", _positive("poll", self.poll))
+        if self.queues is not None:
+            object.__setattr__(self, "queues", tuple(self.queues) or None)
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        concurrency: int = config.CONCURRENCY,
+        lease: float | None = None,
+        queues: Sequence[str] | None = None,
+        batch: int = config.BATCH,
+        poll: float = config.POLL,
+        pool_size: int = config.POOL_SIZE,
+    ) -> WorkerOptions:
+        """Options from keyword arguments where None means the default."""
+        return cls(
+            concurrency=concurrency,
+            lease=config.LEASE if lease is None else lease,
+            queues=tuple(queues) if queues else None,
+            batch=batch,
+            poll=poll,
+            pool_size=pool_size,
+        )
+
+    @property
+    def prefetch(self) -> int:
+        """Leased tasks kept ready beyond the concurrency."""
+        return min(self.concurrency, config.PREFETCH)

@@ -1,0 +1,476 @@
+"""The task worker: lease due tasks, run each in a transaction of its own, write outcomes.
+
+One leaser takes due tasks in one statement (the attempt counts even if the worker dies) and
+keeps up to `concurrency` of them running, plus a few leased ahead. Each task runs in its own
+transaction on the worker's bounded pool (see store.task_store.TaskTransaction): it takes a
+connection at its first statement, and its work and its ack commit together at its end. A
+failure rolls back that task's transaction alone, so no other task's code runs again. Tasks
+that made no statement, and failed tasks' retries and ends, are written by the settler, many
+in one statement. Heartbeats renew every lease the worker holds in one statement; the rescuer
+hands tasks whose lease ran out (their worker died) to whoever leases next. Postgres wakes an
+idle worker with LISTEN/NOTIFY; polling is the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from .. import clock, events
+from ..errors import DatabaseUnavailableError, JobTransactionError, OncelyError
+from ..identity import replica_id
+from ..retry import DEFAULT_POLICY
+from ..store import Store
+from ..store.session import violation
+from ..store.task_pool import TaskPool
+from ..store.task_store import Leased, Settle
+from ..tasks import Task, TaskRegistry
+from .options import WorkerOptions
+from .outcome import (
+    LeaseLost,
+    Outcome,
+    Succeeded,
+    decide,
+    event,
+    never_finished,
+    settle,
+)
+
+logger = logging.getLogger("oncely")
+
+CONFLICT_RERUNS = 1
+"""Times an attempt whose transaction met a write conflict (SQLite) runs again at once, then
+taking the write lock at its first statement: the conflict was not the task's failure."""
+
+
+class TaskWorker:
+    """Runs the tasks of a registry from a store, as `options` say."""
+
+    def __init__(self, store: Store, tasks: TaskRegistry, options: WorkerOptions) -> None:
+        self.store = store
+        self.tasks = tasks
+        self.options = options
+        self.by = replica_id()
+        self.names = sorted(task.name for task in tasks)
+        """The task names this worker leases: the ones it registered (a task of a name it
+        does not know waits for a worker that knows it, e.g. during a rolling deploy)."""
+        self.held: dict[int, Leased] = {}
+        """Leased tasks whose outcome is not written yet: what the heartbeat renews."""
+        self.handed_back = 0
+        """Tasks whose attempts the shutdown cancelled and handed back."""
+        self._prefix = uuid.uuid4().hex[:16]
+        self._counter = itertools.count()
+        self._ready: collections.deque[Leased] = collections.deque()
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._settles: list[tuple[Outcome, Settle]] = []
+        self._to_settle = asyncio.Event()
+        self._room = asyncio.Event()
+        self._woken = asyncio.Event()
+        self._stopping = False
+        self._crash: BaseException | None = None
+        self.pool: TaskPool | None = None
+        """The connections tasks' transactions take (while the worker runs)."""
+        self.control: AsyncEngine = store.engine
+        """Where the worker's own statements run: one connection, no transaction of theirs
+        waiting on the disk (a lost lease or heartbeat is simply taken again)."""
+        self.settling: AsyncEngine = store.engine
+        """The control connection in transactions: outcomes are written durably."""
+
+    def token(self) -> str:
+        """A lease token for one lease: unique to this worker and this lease."""
+        return f"{self._prefix}.{next(self._counter)}"
+
+    def notify(self) -> None:
+        """New tasks may be due: the leaser looks at once (or as soon as it has room)."""
+        self._woken.set()
+
+    # -- running ------------------------------------------------------------------------
+
+    async def consume(self, stopping: asyncio.Event) -> None:
+        """Run until `stopping` is set and the tasks in flight end; cancelling the call rolls
+        back the tasks still running and hands them back."""
+        await self.store.ensure_schema()
+        pool, self.settling = self.store.worker_engines(self.options.pool_size)
+        self.pool = pool
+        self.control = self.store.dialect.autocommit(self.settling)
+        listening = self.store.dedicated_engine()
+        try:
+            async with self.store.listen(self.notify, engine=listening):
+                await self._serve(stopping)
+        finally:
+            await pool.close()
+            for engine in {pool.engine, self.settling, listening}:
+                if engine is not self.store.engine:
+                    await engine.dispose()
+            self.pool = None
+            self.control = self.settling = self.store.engine
+
+    async def _serve(self, stopping: asyncio.Event) -> None:
+        helpers = [
+            asyncio.create_task(self.keep_leases(stopping)),
+            asyncio.create_task(self._rescuer(stopping)),
+            asyncio.create_task(self._settler()),
+        ]
+        try:
+            await self._lease(stopping)
+            self._stopping = True
+            await self._release_ready()
+            while self._running:
+                await asyncio.wait(list(self._running.values()))
+            await self._flush()
+            if self._crash is not None:
+                raise self._crash
+        finally:
+            self._stopping = True
+            running = list(self._running.values())
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.shield(self._finish())
+
+    async def _finish(self) -> None:
+        """At the end: write the outcomes still pending, then hand back the tasks whose
+        attempts were cancelled (their work rolled back) and those never started."""
+        with contextlib.suppress(Exception):
+            await self._flush(once=True)
+        await self._release_ready()
+        await self._give_back()
+
+    async def _lease(self, stopping: asyncio.Event) -> None:
+        """Keep up to `concurrency` tasks running and `prefetch` more leased, until stopping."""
+        options = self.options
+        capacity = options.concurrency + options.prefetch
+        low = max(1, capacity // 4)
+        while not stopping.is_set() and self._crash is None:
+            room = capacity - len(self.held)
+            if room < low:
+                self._room.clear()
+                await _first(stopping, self._room)
+                continue
+            want = min(room, options.batch)
+            self._woken.clear()
+            leased = await self._fetch(want, stopping)
+            for item in leased:
+                self.held[item.id] = item
+                self._ready.append(item)
+            self._dispatch()
+            if len(leased) < want:
+                await _first(stopping, self._woken, timeout=options.poll)
+
+    async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased]:
+        options = self.options
+        try:
+            async with self.control.connect() as conn:
+                return await self.store.tasks.fetch(
+                    conn, options.queues, want, self.token(), self.by, options.lease, self.names
+                )
+        except (DatabaseUnavailableError, OSError) as exc:
+            events.emit(
+                "worker.db_error",
+                "database unavailable; retrying",
+                level=logging.WARNING,
+                error=str(exc),
+            )
+            await _first(stopping, timeout=1.0)
+        except OncelyError as exc:
+            if self.store.is_busy(exc):
+                await _first(stopping, timeout=0.05)
+            else:
+                events.emit(
+                    "worker.error", "leasing failed; retrying", level=logging.ERROR, error=str(exc)
+                )
+                await _first(stopping, timeout=1.0)
+        return []
+
+    def _dispatch(self) -> None:
+        while self._ready and not self._stopping and len(self._running) < self.options.concurrency:
+            item = self._ready.popleft()
+            task = asyncio.create_task(self._attempt(item))
+            self._running[item.id] = task
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        for key, running in list(self._running.items()):
+            if running is task:
+                del self._running[key]
+        if not task.cancelled() and task.exception() is not None and self._crash is None:
+            self._crash = task.exception()  # a BaseException the attempt let through
+        self._room.set()
+        self._dispatch()
+
+    async def _attempt(self, item: Leased) -> None:
+        try:
+            outcome = await self.run(item)
+        except (Exception, asyncio.CancelledError):
+            raise
+        except BaseException:
+            # A simulated crash (the testing toolkit): the lease stays taken, as a killed
+            # worker's would, until it runs out.
+            self.held.pop(item.id, None)
+            raise
+        self._record(outcome)
+
+    def _record(self, outcome: Outcome) -> None:
+        pending = settle(outcome)
+        if pending is None:
+            self.held.pop(outcome.item.id, None)
+            _emit(outcome)
+            return
+        self._settles.append((outcome, pending))
+        self._to_settle.set()
+
+    # -- one attempt --------------------------------------------------------------------
+
+    def _pool(self) -> TaskPool:
+        if self.pool is None:  # a step outside `consume`: the store's own engine
+            store = self.store
+            self.pool = TaskPool(
+                store.dialect.task_engine(store.engine),
+                self.options.pool_size,
+                store.dialect.task_connection_ok,
+            )
+        return self.pool
+
+    async def run(self, item: Leased) -> Outcome:
+        """Run one leased task in its own transaction: its outcome (written already if its
+        work committed with its ack; else see `outcome.settle`)."""
+        task = self.tasks.find(item.task)
+        policy = task.retry if task is not None else DEFAULT_POLICY
+        ended = never_finished(item, policy)
+        if ended is not None:
+            return ended
+        events.emit(
+            "task.started",
+            "started",
+            level=logging.DEBUG,
+            task=item.task,
+            id=item.id,
+            attempt=item.attempt,
+        )
+        started = time.perf_counter()
+        eager = False
+        while True:
+            tx = self.store.tasks.transaction(self._pool(), item, eager=eager)
+            try:
+                try:
+                    if task is None:
+                        raise LookupError(f"no task {item.task!r} is registered in this worker")
+                    await _call(task, tx.session, item.args)
+                    committed = await tx.commit()
+                finally:
+                    await tx.close()
+            except Exception as exc:
+                if not eager and self.store.dialect.is_conflict(exc):
+                    eager = True  # another writer, not the task: once more, lock first
+                    events.emit(
+                        "task.conflict",
+                        "its transaction met another writer; rolled back, running it again",
+                        level=logging.DEBUG,
+                        task=item.task,
+                        id=item.id,
+                        attempt=item.attempt,
+                    )
+                    continue
+                return decide(item, policy, exc, time.perf_counter() - started, clock.utcnow())
+            duration = time.perf_counter() - started
+            if committed is False:
+                return LeaseLost(item)
+            return Succeeded(item, duration, settled=committed is True)
+
+    async def step(self, limit: int | None = None) -> list[Outcome]:
+        """Lease the due tasks once (at most `limit`), run them, write their outcomes; the
+        outcomes, in lease order. The worker's one step, for tests and the testing toolkit
+        (`keep_leases` renews the leases meanwhile, if the tasks are slow)."""
+        options = self.options
+        async with self.control.connect() as conn:
+            leased = await self.store.tasks.fetch(
+                conn,
+                options.queues,
+                limit or options.batch,
+                self.token(),
+                self.by,
+                options.lease,
+                self.names,
+            )
+        for item in leased:
+            self.held[item.id] = item
+        gate = asyncio.Semaphore(options.concurrency)
+
+        async def bounded(item: Leased) -> Outcome:
+            async with gate:
+                return await self.run(item)
+
+        temporary = self.pool is None
+        try:
+            outcomes = list(await asyncio.gather(*(bounded(item) for item in leased)))
+        except BaseException:
+            for item in leased:
+                self.held.pop(item.id, None)
+            raise
+        finally:
+            if temporary and self.pool is not None:
+                await self.pool.close()
+                self.pool = None
+        pending = [(o, s) for o in outcomes if (s := settle(o)) is not None]
+        written = await self.store.tasks.settle([s for _, s in pending], self.settling)
+        final: list[Outcome] = []
+        for outcome in outcomes:
+            if settle(outcome) is not None and outcome.item.id not in written:
+                outcome = LeaseLost(outcome.item)
+            self.held.pop(outcome.item.id, None)
+            _emit(outcome)
+            final.append(outcome)
+        return final
+
+    # -- outcomes, leases ---------------------------------------------------------------
+
+    async def _settler(self) -> None:
+        while True:
+            await self._to_settle.wait()
+            self._to_settle.clear()
+            await self._flush()
+
+    async def _flush(self, *, once: bool = False) -> None:
+        """Write the pending outcomes, many per statement; on a database error, keep them
+        and try again (their leases stay renewed meanwhile)."""
+        while self._settles:
+            batch, self._settles = self._settles, []
+            try:
+                written = await self.store.tasks.settle([s for _, s in batch], self.settling)
+            except OncelyError as exc:
+                self._settles[:0] = batch
+                if once:
+                    raise
+                if not self.store.is_busy(exc):
+                    logger.debug("writing outcomes failed: %s", exc)
+                await asyncio.sleep(0.05 if self.store.is_busy(exc) else 1.0)
+                continue
+            for outcome, pending in batch:
+                self.held.pop(pending.item.id, None)
+                _emit(outcome if pending.item.id in written else LeaseLost(pending.item))
+            self._room.set()
+
+    async def keep_leases(self, stopping: asyncio.Event) -> None:
+        """Renew the lease of every task this worker holds, every `lease / 3`, until
+        stopping; a task missing from the answer has lost its lease (its ack will fail)."""
+        interval = self.options.lease / 3
+        while not stopping.is_set():
+            await _first(stopping, timeout=interval)
+            held = list(self.held.values())
+            if not held:
+                continue
+            try:
+                renewed = await self.store.tasks.heartbeat(held, self.options.lease, self.control)
+            except OncelyError as exc:
+                logger.debug("heartbeat failed: %s", exc)
+                continue
+            for item in held:
+                if item.id not in renewed and item.id in self.held:
+                    logger.debug("lease of task %s not renewed (busy or lost)", item.id)
+
+    async def _rescuer(self, stopping: asyncio.Event) -> None:
+        interval = max(0.05, min(self.options.lease / 2, 10.0))
+        while not stopping.is_set():
+            try:
+                for row in await self.store.tasks.rescue(engine=self.control):
+                    events.emit(
+                        "task.lease_expired",
+                        "its worker stopped renewing the lease; available again",
+                        level=logging.WARNING,
+                        task=row.task,
+                        id=row.id,
+                        attempt=row.attempt,
+                        locked_by=row.locked_by,
+                    )
+                    self.notify()
+            except OncelyError as exc:
+                logger.debug("rescue failed: %s", exc)
+            await _first(stopping, timeout=interval)
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    async def _release_ready(self) -> None:
+        """Give back the leased tasks that never started: available now, attempt uncounted."""
+        ready = list(self._ready)
+        self._ready.clear()
+        if not ready:
+            return
+        try:
+            await self.store.tasks.release(ready, started=False, engine=self.control)
+        except OncelyError as exc:  # their leases run out instead; the rescuer hands them on
+            logger.debug("could not give back unstarted tasks: %s", exc)
+            return
+        for item in ready:
+            self.held.pop(item.id, None)
+
+    async def _give_back(self) -> None:
+        """Hand back the tasks of cancelled attempts (their work rolled back): available at
+        once, the attempt not counted, recorded as cancelled by the shutdown."""
+        if not self.held:
+            return
+        leftover = list(self.held.values())
+        self.held.clear()
+        try:
+            handed = await self.store.tasks.hand_back(leftover, self.control)
+        except Exception as exc:  # their leases run out instead; the rescuer hands them on
+            events.emit(
+                "worker.error",
+                "could not hand back the cancelled tasks; they wait for their lease to run out",
+                level=logging.ERROR,
+                error=str(exc),
+            )
+            return
+        self.handed_back += len(handed)
+        for row in handed:
+            events.emit(
+                "task.cancelled",
+                "cancelled by the shutdown; rolled back and handed back (attempt not counted)",
+                level=logging.WARNING,
+                task=row.task,
+                id=row.id,
+                attempt=row.attempt + 1,
+            )
+
+
+async def _first(
+    stopping: asyncio.Event, *others: asyncio.Event, timeout: float | None = None
+) -> None:
+    """Wait until `stopping` or one of `others` is set, or `timeout` seconds pass."""
+    if stopping.is_set() or any(e.is_set() for e in others):
+        return
+    waiters = [asyncio.ensure_future(e.wait()) for e in (stopping, *others)]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> None:
+    if task.is_async:
+        call = task.func(session, **args)
+        if task.timeout is not None:
+            await asyncio.wait_for(call, task.timeout)
+        else:
+            await call
+    else:
+        await session.run_sync(lambda sync_session: task.func(sync_session, **args))
+    what = violation(session.sync_session)
+    if what is not None:
+        raise JobTransactionError(f"the task called {what}() on oncely's session")
+
+
+def _emit(outcome: Outcome) -> None:
+    name, text, level, fields = event(outcome)
+    events.emit(name, text, level=level, **fields)
