@@ -1,5 +1,6 @@
-"""Guarantees 6 and 7 in one worker process: work and ack commit together, retries follow the
-policy, a lost lease rolls the work back. Real SQLite and Postgres."""
+"""Guarantees 6, 7 and 9 in one worker process: work and ack commit together, retries follow
+the policy, a lost lease rolls the work back, and a task's code runs again only when its own
+attempt failed. Real SQLite and Postgres."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import sqlalchemy as sa
 from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
 
 from oncely import JobTransactionError, Oncely, RetryPolicy, TaskState
-from oncely.queue import Worker, list_tasks, retry_task
+from oncely.queue import list_tasks, retry_task, worker
+from oncely.work.outcome import LeaseLost, Outcome
+from oncely.work.tasks import TaskWorker
 
 INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
 FAST = {"wait": 0.01, "backoff": "fixed", "jitter": 0}
@@ -223,7 +226,7 @@ async def test_queue_tasks_take_effect_once_lease_stolen_from_a_slow_worker(
         await db.execute(INSERT, {"n": n})
 
     rec = await in_tx(app, lambda db: charge.enqueue(db, n=1))
-    slow, fast = Worker(app, lease=0.2), Worker(app, lease=5)
+    slow, fast = worker(app, lease=0.2), worker(app, lease=5)
     async with app.store.engine.connect() as conn_a, app.store.engine.connect() as conn_b:
         leased = await app.store.tasks.fetch(conn_a, None, 10, slow.token(), "A", 0.2)
         assert [t.id for t in leased] == [rec.id]
@@ -233,20 +236,23 @@ async def test_queue_tasks_take_effect_once_lease_stolen_from_a_slow_worker(
             await asyncio.sleep(0.05)
         stolen = await app.store.tasks.fetch(conn_b, None, 10, fast.token(), "B", 5)
         assert [t.attempt for t in stolen] == [2]
-        await fast.run_batch(conn_b, stolen)
-        await slow.run_batch(conn_a, leased)  # A runs the task: its insert, then a failed ack
+    await fast.settle([await fast.run(stolen[0])])
+    # A runs the task: its insert, then a failed ack.
+    assert await slow.settle([await slow.run(leased[0])]) == [LeaseLost(leased[0])]
+    await fast.close()
+    await slow.close()
     assert await effects(app) == [1]
     assert (await states(app))[rec.id] == ("succeeded", 2)
     assert [e["id"] for e in recorded.named("task.lease_lost")] == [rec.id]
     assert [e["attempt"] for e in recorded.named("task.succeeded")] == [2]
 
 
-async def test_queue_tasks_take_effect_once_one_lease_of_a_batch_stolen(
+async def test_queue_tasks_take_effect_once_one_lease_of_three_stolen(
     app: Oncely, recorded
 ) -> None:  # type: ignore[no-untyped-def]
-    """A's batch of three acks together at its end; B took one of them over before that ack.
-    A's transaction rolls back (the stolen task's insert with the others') and runs again
-    without it: every task's effect lands once, the stolen one's from B."""
+    """A leased three tasks; B took one of them over before A ran it. Each of A's tasks runs
+    in its own transaction: the stolen one's ack fails and its insert rolls back, the other
+    two commit, and no task's code runs twice on A (no rerun because of a neighbour)."""
     calls: list[tuple[str, int]] = []
 
     @app.task
@@ -255,7 +261,7 @@ async def test_queue_tasks_take_effect_once_one_lease_of_a_batch_stolen(
         await db.execute(INSERT, {"n": n})
 
     await in_tx(app, lambda db: charge.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
-    slow, fast = Worker(app, lease=0.2), Worker(app, lease=5)
+    slow, fast = worker(app, lease=0.2), worker(app, lease=5)
     async with app.store.engine.connect() as conn_a, app.store.engine.connect() as conn_b:
         leased = await app.store.tasks.fetch(conn_a, None, 10, slow.token(), "A", 0.2)
         assert len(leased) == 3
@@ -265,86 +271,20 @@ async def test_queue_tasks_take_effect_once_one_lease_of_a_batch_stolen(
             await asyncio.sleep(0.05)
         (stolen,) = await app.store.tasks.fetch(conn_b, None, 10, fast.token(), "B", 5)
         assert stolen.id == rescued[0].id
-        runner = "B"
-        await fast.run_batch(conn_b, [stolen])
-        runner = "A"
-        await slow.run_batch(conn_a, leased)
+    runner = "B"
+    await fast.settle([await fast.run(stolen)])
+    runner = "A"
+    await slow.settle([await slow.run(item) for item in leased])
+    await fast.close()
+    await slow.close()
     assert await effects(app) == [1, 2, 3]
     by_id = {item.id: item.args["n"] for item in leased}
-    others = sorted(n for i, n in by_id.items() if i != stolen.id)
-    # A ran its batch twice: all three, then (rolled back) the two it still held.
-    assert sorted(n for who, n in calls if who == "A") == sorted([*by_id.values(), *others])
+    assert sorted(n for who, n in calls if who == "A") == sorted(by_id.values())
     assert [e["id"] for e in recorded.named("task.lease_lost")] == [stolen.id]
     assert sorted(e["id"] for e in recorded.named("task.succeeded")) == sorted(by_id)
     assert {i: s for i, s in (await states(app)).items()} == {
         i: ("succeeded", 2 if i == stolen.id else 1) for i in by_id
     }
-
-
-@pytest.mark.postgres
-async def test_queue_tasks_take_effect_once_lease_taken_while_the_batch_runs(
-    pg_app: Oncely,
-    recorded,  # type: ignore[no-untyped-def]
-) -> None:
-    """A task that wrote is taken over (here: discarded) while a later task of its batch runs:
-    the batch's rows are not locked before its ack, so the takeover goes through at once; the
-    ack finds the lease gone and the batch runs again without it: its insert never lands."""
-    app = pg_app
-    from oncely.queue import discard_task
-
-    ids: dict[int, int] = {}
-
-    @app.task
-    async def charge(db, n: int):  # type: ignore[no-untyped-def]
-        await db.execute(INSERT, {"n": n})
-        if n == 3 and 1 in ids:  # once: the batch runs again without task 1
-            await discard_task(app, ids.pop(1))  # another connection, its own transaction
-
-    recs = await in_tx(app, lambda db: charge.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
-    ids.update({rec.args["n"]: rec.id for rec in recs})
-    worker = Worker(app, lease=30)
-    async with app.store.engine.connect() as conn:
-        leased = await app.store.tasks.fetch(conn, None, 10, worker.token(), "A", 30)
-        await asyncio.wait_for(worker.run_batch(conn, leased), 30)
-    assert await effects(app) == [2, 3]
-    assert [e["id"] for e in recorded.named("task.lease_lost")] == [recs[0].id]
-    assert sorted(s for s, _ in (await states(app)).values()) == [
-        "discarded",
-        "succeeded",
-        "succeeded",
-    ]
-
-
-@pytest.mark.postgres
-async def test_a_lost_lease_rerun_records_a_failure_without_running_it_again(
-    pg_app: Oncely,
-    recorded,  # type: ignore[no-untyped-def]
-) -> None:
-    """A batch runs again without a task whose lease it lost; a task of it that had failed
-    has its retry recorded then, and does not run a second time (its wait would be skipped)."""
-    app = pg_app
-    from oncely.queue import discard_task
-
-    ids: dict[int, int] = {}
-    calls: list[int] = []
-
-    @app.task(retry=RetryPolicy(attempts=3, wait=600, backoff="fixed", jitter=0))
-    async def charge(db, n: int):  # type: ignore[no-untyped-def]
-        calls.append(n)
-        if n == 2:
-            raise Transient("gateway timeout")
-        await db.execute(INSERT, {"n": n})
-        if n == 3 and 1 in ids:  # once: the batch runs again without task 1
-            await discard_task(app, ids.pop(1))
-
-    recs = await in_tx(app, lambda db: charge.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
-    ids.update({rec.args["n"]: rec.id for rec in recs})
-    await asyncio.wait_for(run_due(app, Worker(app, lease=30)), 30)
-    assert sorted(calls) == [1, 2, 3, 3]
-    assert await effects(app) == [3]
-    assert [e["id"] for e in recorded.named("task.retry")] == [recs[1].id]
-    got = await states(app)
-    assert [got[r.id] for r in recs] == [("discarded", 1), ("available", 1), ("succeeded", 1)]
 
 
 async def test_lease_expired_on_the_last_attempt_goes_dead(app: Oncely) -> None:
@@ -353,9 +293,9 @@ async def test_lease_expired_on_the_last_attempt_goes_dead(app: Oncely) -> None:
         await db.execute(INSERT, {"n": n})
 
     rec = await in_tx(app, lambda db: once.enqueue(db, n=1))
-    worker = Worker(app, lease=0.1)
+    dying = worker(app, lease=0.1)
     async with app.store.engine.connect() as conn:
-        await app.store.tasks.fetch(conn, None, 10, worker.token(), "A", 0.1)  # then "dies"
+        await app.store.tasks.fetch(conn, None, 10, dying.token(), "A", 0.1)  # then "dies"
     deadline = time.monotonic() + 20
     while not await app.store.tasks.rescue():
         assert time.monotonic() < deadline
@@ -374,11 +314,12 @@ async def test_discard_a_running_task_rolls_its_attempt_back(app: Oncely) -> Non
         await db.execute(INSERT, {"n": n})
 
     rec = await in_tx(app, lambda db: charge.enqueue(db, n=1))
-    worker = Worker(app, lease=30)
+    running = worker(app, lease=30)
     async with app.store.engine.connect() as conn:
-        leased = await app.store.tasks.fetch(conn, None, 10, worker.token(), "A", 30)
-        await discard_task(app, rec.id)
-        await worker.run_batch(conn, leased)
+        leased = await app.store.tasks.fetch(conn, None, 10, running.token(), "A", 30)
+    await discard_task(app, rec.id)
+    assert await running.settle([await running.run(leased[0])]) == [LeaseLost(leased[0])]
+    await running.close()
     assert await effects(app) == []
     assert (await states(app))[rec.id] == ("discarded", 1)
 
@@ -409,33 +350,33 @@ class Effect(_Base):
     pid: sa.orm.Mapped[int] = sa.orm.mapped_column(default=0)
 
 
-async def run_due(app: Oncely, worker: Worker, limit: int = 100) -> None:
-    """Lease the due tasks (up to `limit`) and run them as one batch of `worker`'s."""
-    async with app.store.engine.connect() as conn:
-        leased = await app.store.tasks.fetch(conn, None, limit, worker.token(), "A", 30)
-        assert leased, "no task was due"
-        await worker.run_batch(conn, leased)
+async def run_due(app: Oncely, runner: TaskWorker, limit: int = 100) -> list[Outcome]:
+    """One step of `runner`: lease the due tasks (up to `limit`), run them, their outcomes."""
+    outcomes = await runner.step(limit)
+    assert outcomes, "no task was due"
+    return outcomes
 
 
 @pytest.mark.parametrize("how", ["session", "orm", "connection", "driver"])
+@pytest.mark.parametrize("concurrency", [1, 3])
 async def test_a_failing_task_rolls_back_only_its_own_work_however_it_wrote(
-    app: Oncely, how: str, recorded
+    app: Oncely, how: str, concurrency: int, recorded
 ) -> None:  # type: ignore[no-untyped-def]
-    """The tasks of a batch share one session; the batch sees each task's first statement,
-    whether it goes through the session, the ORM's flush, the connection or the driver itself
-    (after asking the session for the connection). Without savepoints (a worker that has seen
-    no failure) the failing task's write is found and the transaction runs again; with them
-    (after a failure) the task rolls back to its own; a task that takes the connection gets
-    its savepoint either way."""
+    """Each task runs in its own transaction, begun at its first statement, whether it goes
+    through the session, the ORM's flush, the connection or the driver itself (after asking
+    the session for the connection): a failing task's write rolls back alone, and no other
+    task runs twice, one at a time or several at once."""
     postgres = app.store.dialect.name == "postgresql"
     raw_insert = (
         "INSERT INTO effects (n) VALUES ($1)"
         if postgres
         else ("INSERT INTO effects (n) VALUES (?)")
     )
+    calls: list[int] = []
 
     @app.task(retry=RetryPolicy(attempts=1))
     async def write(db, n: int, fail: bool):  # type: ignore[no-untyped-def]
+        calls.append(n)
         if how == "session":
             await db.execute(INSERT, {"n": n})
         elif how == "orm":
@@ -449,78 +390,53 @@ async def test_a_failing_task_rolls_back_only_its_own_work_however_it_wrote(
         if fail:
             raise Transient(f"{how} {n}")
 
-    worker = Worker(app)
-    for first in (10, 20):  # unguarded, then guarded (the first failure made it cautious)
+    runner = worker(app, concurrency=concurrency)
+    for first in (10, 20):
         items = [{"n": first + j, "fail": j == 1} for j in (0, 1, 2)]
         await in_tx(app, lambda db, items=items: write.enqueue_many(db, items))
-        await run_due(app, worker)
+        await run_due(app, runner)
     assert await effects(app) == [10, 12, 20, 22]
-    # A task that takes the connection gets its savepoint in either kind of batch.
-    reruns = 0 if how in ("connection", "driver") else 1
-    assert len(recorded.named("task.batch_rerun")) == reruns
+    assert sorted(calls) == [10, 11, 12, 20, 21, 22]  # each once
     assert sorted(s for s, _ in (await states(app)).values()) == ["dead"] * 2 + ["succeeded"] * 4
 
 
-async def test_a_task_that_wrote_and_failed_without_a_savepoint_runs_once(
-    app: Oncely, recorded
-) -> None:  # type: ignore[no-untyped-def]
-    """Without savepoints, a task that wrote and raised rolls its whole transaction back. The
-    transaction runs again with savepoints: the failure is recorded without running that task
-    again (its retry waits as its policy says), the tasks that returned without writing are
-    acked without running again, and only those that wrote before it run a second time."""
-    calls: list[tuple[str, int]] = []
-
-    @app.task
-    async def record(db, n: int):  # type: ignore[no-untyped-def]
-        calls.append(("record", n))
-        await db.execute(INSERT, {"n": n})
-
-    @app.task
-    async def ping(db, n: int):  # type: ignore[no-untyped-def]
-        calls.append(("ping", n))
+@pytest.mark.parametrize("concurrency", [1, 10])
+async def test_a_failure_reruns_no_other_task(app: Oncely, concurrency: int, recorded) -> None:  # type: ignore[no-untyped-def]
+    """Issue 16's rule: in a batch of 50 writers where task 25 fails after its insert, every
+    other task's body runs exactly once, and 49 rows land; the failure's retry waits as its
+    policy says. The same for tasks that write nothing around it."""
+    calls: list[int] = []
 
     @app.task(retry=RetryPolicy(attempts=3, wait=600, backoff="fixed", jitter=0))
     async def charge(db, n: int):  # type: ignore[no-untyped-def]
-        calls.append(("charge", n))
+        calls.append(n)
         await db.execute(INSERT, {"n": n})
-        raise Transient(f"gateway timeout on {n}")
+        if n == 25:
+            raise Transient(f"gateway timeout on {n}")
+
+    @app.task
+    async def ping(db, n: int):  # type: ignore[no-untyped-def]
+        calls.append(n)
 
     async def enqueue(db):  # type: ignore[no-untyped-def]
-        order = (record, ping, record, charge, record, ping)
-        return [await t.enqueue(db, n=n) for n, t in enumerate(order, start=1)]
+        recs = await charge.enqueue_many(db, [{"n": n} for n in range(1, 51)])
+        return recs + [await ping.enqueue(db, n=n) for n in (51, 52)]
 
     recs = await in_tx(app, enqueue)
-    worker = Worker(app)
-    await run_due(app, worker)
-    assert await effects(app) == [1, 3, 5]
-    twice, once = [("record", 1), ("record", 3)], [("ping", 2), ("charge", 4), ("record", 5)]
-    assert sorted(calls) == sorted([*twice, *twice, *once, ("ping", 6)])
-    (rerun,) = recorded.named("task.batch_rerun")
-    assert rerun["failed"] == str(recs[3].id)
-    assert rerun["again"] == f"{recs[0].id},{recs[2].id}"
+    outcomes = await run_due(app, worker(app, concurrency=concurrency), limit=100)
+    assert sorted(calls) == list(range(1, 53))  # 52 body calls for 52 tasks
+    assert await effects(app) == [n for n in range(1, 51) if n != 25]
     (retry,) = recorded.named("task.retry")
-    assert (retry["id"], retry["attempt"], retry["wait"]) == (recs[3].id, 1, 600)
+    assert (retry["id"], retry["attempt"], retry["wait"]) == (recs[24].id, 1, 600)
+    assert sorted(type(o).__name__ for o in outcomes) == ["Retried"] + ["Succeeded"] * 51
     got = await states(app)
-    assert got.pop(recs[3].id) == ("available", 1)
+    assert got.pop(recs[24].id) == ("available", 1)
     assert set(got.values()) == {("succeeded", 1)}
-    (charged,) = [r for r in await list_tasks(app) if r.id == recs[3].id]
+    (charged,) = [r for r in await list_tasks(app) if r.id == recs[24].id]
     assert charged.error is not None and charged.error.startswith("Transient: gateway timeout")
-    assert sorted(e["id"] for e in recorded.named("task.succeeded")) == sorted(
-        r.id for r in recs if r.id != recs[3].id
-    )
-
-    # The next batch has savepoints: a failure there runs nothing twice.
-    calls.clear()
-    await in_tx(app, lambda db: record.enqueue(db, n=7))
-    await in_tx(app, lambda db: charge.enqueue(db, n=8))
-    await in_tx(app, lambda db: record.enqueue(db, n=9))
-    await run_due(app, worker)
-    assert sorted(calls) == [("charge", 8), ("record", 7), ("record", 9)]
-    assert await effects(app) == [1, 3, 5, 7, 9]
-    assert len(recorded.named("task.batch_rerun")) == 1
 
 
-async def test_the_tasks_of_a_batch_see_none_of_each_others_session_state(
+async def test_tasks_see_none_of_each_others_session_state(
     app: Oncely,
 ) -> None:
     seen: list[tuple[int, int, bool]] = []

@@ -1,36 +1,30 @@
-"""What a worker's batch sends to Postgres, and how many tasks it leases: counts, not times.
+"""What a worker sends to Postgres per task, and how many connections it holds: counts, not
+times.
 
-While its tasks succeed, a task that writes costs one round trip in its batch (its
-statement); after a task failed, the worker gives each task a savepoint for a while (two round
-trips). The batch's tasks are acked together in one statement before the commit. A
-transaction holds at most `SAVEPOINTS` tasks that wrote (Postgres caches 64 subtransactions
-per transaction), so a larger batch commits in several transactions.
+A task that writes one row costs three round trips in its own transaction: its BEGIN (with
+the durable-commit setting), its statement, and its ack with the COMMIT in one message. A task
+that makes no statement costs none of its own: its ack is written with others' in one
+statement. A worker holds at most its pool's connections for tasks, plus one for its own
+statements (and one for LISTEN), however many tasks run at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import sqlalchemy as sa
-from queue_helpers import effects, in_tx  # type: ignore[import-not-found]
+from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
 from tests.conftest import wire_messages
 
 from oncely import Oncely, RetryPolicy
-from oncely.queue import CAUTION, DEFAULT_BATCH, SAVEPOINTS, Worker
+from oncely.queue import worker
 
 INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
 
 
-async def one_batch(app: Oncely, worker: Worker, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Lease every due task and run them as one batch; the messages it sent (not parses)."""
-    async with app.store.engine.connect() as conn:
-        leased = await app.store.tasks.fetch(conn, None, 1000, worker.token(), "A", 30)
-        with wire_messages(monkeypatch) as sent:
-            await worker.run_batch(conn, leased)
-    return [m for m in sent if m != b"P"]
-
-
 @pytest.mark.postgres
-async def test_a_batch_costs_one_round_trip_per_task_that_writes_two_after_a_failure(
+async def test_a_task_costs_three_round_trips_if_it_writes_none_if_it_does_not(
     pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = pg_app
@@ -47,46 +41,72 @@ async def test_a_batch_costs_one_round_trip_per_task_that_writes_two_after_a_fai
     async def refuse(db, n: int):  # type: ignore[no-untyped-def]
         raise ValueError("refused before writing")
 
-    writers = SAVEPOINTS + 10
-    worker = Worker(app, batch=1000)
-    await in_tx(app, lambda db: record.enqueue_many(db, [{"n": n} for n in range(writers)]))
-    await in_tx(app, lambda db: nothing.enqueue_many(db, [{"n": n} for n in range(5)]))
-    executed = await one_batch(app, worker, monkeypatch)
-    assert await effects(app) == list(range(writers))
-    # Q = simple query, B = bind+execute, P = parse (a statement's first use): one each is a
-    # round trip. Two transactions (the first closes after SAVEPOINTS tasks that wrote), each:
-    # BEGIN; an insert per task that wrote; one ack; SET LOCAL synchronous_commit; COMMIT.
-    # The no-op tasks send nothing of their own.
-    assert len(executed) == writers + 2 * 4
-    assert executed.count(b"Q") == 2 * 2
+    runner = worker(app, concurrency=1)
+    for task, n in ((record, 20), (nothing, 20), (refuse, 5)):
+        await in_tx(app, lambda db, t=task, n=n: t.enqueue_many(db, [{"n": i} for i in range(n)]))
+    async with app.store.engine.connect() as conn:
+        leased = await app.store.tasks.fetch(conn, None, 1000, runner.token(), "A", 30)
+    by_task = {name: [i for i in leased if i.task == name] for name in ("record", "nothing")}
+    await runner.run(by_task["record"][0])  # the pool's connection is open, its statement known
 
-    # A task fails (before writing: nothing to roll back): from then on every task that
-    # writes opens a savepoint first, for CAUTION transactions.
-    await in_tx(app, lambda db: refuse.enqueue(db, n=0))
-    # BEGIN; its outcome; SET LOCAL synchronous_commit; COMMIT (no task to ack).
-    assert len(await one_batch(app, worker, monkeypatch)) == 4
-    await in_tx(app, lambda db: record.enqueue_many(db, [{"n": n} for n in range(writers)]))
-    executed = await one_batch(app, worker, monkeypatch)
-    assert len(executed) == 2 * writers + 2 * 4
-    # The savepoints after a transaction's first go to asyncpg itself (a simple query).
-    assert executed.count(b"Q") == 2 * 2 + (writers - 2)
-    # The caution lasts CAUTION transactions without a failure (two of them just passed).
-    for _ in range(CAUTION - 2):
-        await in_tx(app, lambda db: record.enqueue(db, n=-1))
-        assert len(await one_batch(app, worker, monkeypatch)) == 2 + 4
-    await in_tx(app, lambda db: record.enqueue(db, n=-1))
-    assert len(await one_batch(app, worker, monkeypatch)) == 1 + 4
+    with wire_messages(monkeypatch) as sent:
+        for item in by_task["record"][1:]:
+            await runner.run(item)
+    messages = [m for m in sent if m != b"P"]
+    # Per task: BEGIN (Q), its INSERT (B), its ack and COMMIT (Q).
+    assert messages == [b"Q", b"B", b"Q"] * 19
+
+    with wire_messages(monkeypatch) as sent:
+        outcomes = [await runner.run(item) for item in by_task["nothing"]]
+    assert sent == []  # no statement, no connection: nothing sent while they ran
+    with wire_messages(monkeypatch) as sent:
+        await runner.settle(outcomes)
+    # All 20 acks in one statement, in a transaction of their own: BEGIN, the durable-commit
+    # setting, the UPDATE, COMMIT (after the connection's startup, if it was new).
+    assert [m for m in sent if m not in (b"P", b"\x00")] == [b"Q", b"B", b"B", b"Q"]
+    await runner.close()
+    assert await effects(app) == list(range(20))
+    counts = await app.store.tasks.count()
+    assert counts["succeeded"] == 40
 
 
-def test_a_worker_leases_about_a_second_of_work_at_once(app: Oncely) -> None:
-    worker = Worker(app, batch=500)
-    assert worker.limit() == DEFAULT_BATCH  # before it has timed any task
-    worker._learn(100, 100 * 0.0001)  # fast tasks: as many as it may
-    assert worker.limit() == 500
-    for _ in range(20):
-        worker._learn(10, 10 * 2.0)  # tasks of two seconds: one at a time
-    assert worker.limit() == 1
-    for _ in range(20):
-        worker._learn(10, 10 * 0.01)
-    assert 50 <= worker.limit() <= 150
-    assert Worker(app, batch=7).limit() == 7
+@pytest.mark.postgres
+async def test_a_worker_holds_at_most_its_pool_whatever_its_concurrency(
+    pg_app: Oncely,
+) -> None:
+    """100 tasks that await before they write, at concurrency 100 on a pool of 3: every task
+    runs (all at once: each waits for the others to start), and the server never sees more
+    than 3 connections of the pool, plus the worker's control and LISTEN connections."""
+    app = pg_app
+    started: set[int] = set()
+    everyone = asyncio.Event()
+    peak = 0
+
+    @app.task
+    async def call_then_write(db, n: int):  # type: ignore[no-untyped-def]
+        started.add(n)
+        if len(started) == 100:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 60)  # all 100 in flight at once
+        await db.execute(INSERT, {"n": n})
+
+    await in_tx(app, lambda db: call_then_write.enqueue_many(db, [{"n": n} for n in range(100)]))
+
+    async def connections() -> int:
+        async with app.store.engine.connect() as conn:
+            query = sa.text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int((await conn.execute(query)).scalar_one())
+
+    before = await connections()
+
+    async def done() -> bool:
+        nonlocal peak
+        peak = max(peak, await connections() - before)
+        return await effects(app) == list(range(100))
+
+    await drain(app, done, concurrency=100, pool_size=3, timeout=60)
+    assert len(started) == 100
+    assert 1 <= peak <= 3 + 2

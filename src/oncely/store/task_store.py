@@ -176,6 +176,9 @@ def _missing(entries: Sequence[dict[str, Any]], inserted: list[Any]) -> dict[str
 def _bound(session: Session) -> Any:
     """What the session runs its statements on (an Engine or a Connection), if it has one
     bind for all (else None): its dialect, without a round trip."""
+    tx = session.info.get(_TX)
+    if tx is not None:  # a task's session, before or after its first statement
+        return tx.pool.engine.sync_engine
     try:
         return session.get_bind()
     except sa.exc.UnboundExecutionError:
@@ -443,6 +446,9 @@ class TaskStore:
                     )
                     if (await conn.execute(stmt)).rowcount:
                         done.add(s.item.id)
+                for item in acks:
+                    if item.id in done:
+                        hooks.before_commit(item.task, str(item.id))
         return done
 
     async def heartbeat(

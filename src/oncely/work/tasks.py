@@ -322,8 +322,20 @@ class TaskWorker:
             if temporary and self.pool is not None:
                 await self.pool.close()
                 self.pool = None
-        pending = [(o, s) for o in outcomes if (s := settle(o)) is not None]
-        written = await self.store.tasks.settle([s for _, s in pending], self.settling)
+        return await self.settle(outcomes)
+
+    async def close(self) -> None:
+        """Close the connections `run` and `step` took outside `consume` (which closes its
+        own)."""
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    async def settle(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Write what `run`'s outcomes left to write (many in one transaction) and log each
+        outcome's event; the outcomes as they ended (LeaseLost where the lease was lost)."""
+        pending = [s for o in outcomes if (s := settle(o)) is not None]
+        written = await self.store.tasks.settle(pending, self.settling) if pending else set()
         final: list[Outcome] = []
         for outcome in outcomes:
             if settle(outcome) is not None and outcome.item.id not in written:
