@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import queue_app  # type: ignore[import-not-found]
 from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
 
+from conftest import queue_app  # type: ignore[import-not-found]
 from oncely import Oncely
 
 INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
