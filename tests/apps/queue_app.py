@@ -54,10 +54,11 @@ async def hang(db, n: int) -> None:  # type: ignore[no-untyped-def]
 
 
 @app.task
-def stall(db, n: int, seconds: float) -> None:  # type: ignore[no-untyped-def]
-    """Writes, then blocks the worker's event loop (no heartbeats) for `seconds`, once."""
-    db.execute(_INSERT, {"n": n, "pid": os.getpid()})
-    db.flush()
+async def stall(db, n: int, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """Writes, then blocks the worker's event loop (no heartbeats) for `seconds`, once: a
+    stalled worker (a long GC pause, a frozen VM)."""
+    await db.execute(_INSERT, {"n": n, "pid": os.getpid()})
+    await db.flush()
     marker = SIGNAL_DIR / f"stalled-{n}"
     if marker.exists():
         return

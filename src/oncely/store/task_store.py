@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,13 +27,14 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only
 
 from .. import clock, hooks
+from ..errors import JobTransactionError
 from ..model import TaskRecord, TaskState
 from . import tables, tasks_sql
 from .claims import raise_translated
 from .dialect import Dialect
 from .dialects import dialect_for, driver_dialect
 from .plan import Plan, Step, run, run_async
-from .session import AttemptSession, end, hand_back
+from .session import AttemptSession, end, hand_back, violation
 from .task_pool import TaskPool
 
 
@@ -47,6 +49,9 @@ class Ledger(Protocol):
     async def ensure_schema(self) -> None: ...
 
     async def _read(self, stmt: Any) -> list[Any]: ...
+
+    @property
+    def sync_sessions(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -353,6 +358,66 @@ class TaskTransaction:
             conn, self._conn = self._conn, None
             if conn is not None:
                 await self.pool.give(conn)
+
+
+class Fence:
+    """What stops a sync task's thread from committing once its attempt was given up (a
+    timeout, a cancel, a shutdown): the thread commits only while holding the lock with the
+    fence open, so after `close()` returns, that attempt never commits."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+
+class AttemptGivenUp(Exception):
+    """A sync task returned after its attempt was given up: rolled back, nothing committed."""
+
+
+def run_sync_attempt(
+    tasks: TaskStore, func: Any, item: Leased, fence: Fence, *, eager: bool = False
+) -> bool | None:
+    """Run a plain `def` task in this (worker) thread, in its own transaction on a
+    synchronous session: True if its work and ack committed, False if its lease was lost,
+    None if it made no statement (its ack is then the worker's to write)."""
+    store = tasks.store
+    sessions = store.sync_sessions
+    options = tasks.dialect.task_options(eager=eager)
+    touched: list[bool] = []
+    session = sessions()
+    if options:
+        session.bind = session.get_bind().execution_options(**options)
+    event.listen(session, "after_begin", lambda *_: touched.append(True))
+    try:
+        func(session, **item.args)
+        if session.new or session.dirty or session.deleted:
+            session.flush()
+        what = violation(session)
+        if what is not None:
+            raise JobTransactionError(f"the task called {what}() on oncely's session")
+        if not touched:
+            return None
+        hand_back(session)
+        params = {"p_ids": [item.id], "p_token": item.token, **tasks.dialect.now_params()}
+        with store.translate(), fence.lock:
+            if fence.closed:
+                session.rollback()
+                raise AttemptGivenUp("the attempt was given up before it could commit")
+            if session.execute(tasks.ack_statement, params).first() is None:
+                session.rollback()
+                return False
+            hooks.before_commit(item.task, str(item.id))
+            session.commit()
+            return True
+    finally:
+        hand_back(session)
+        with contextlib.suppress(Exception):
+            session.close()
+        end(session)
 
 
 class TaskStore:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -31,7 +33,7 @@ from ..retry import DEFAULT_POLICY
 from ..store import Store
 from ..store.session import violation
 from ..store.task_pool import TaskPool
-from ..store.task_store import Leased, Settle
+from ..store.task_store import Fence, Leased, Settle, run_sync_attempt
 from ..tasks import Task, TaskRegistry
 from .options import WorkerOptions
 from .outcome import (
@@ -76,6 +78,7 @@ class TaskWorker:
         self._woken = asyncio.Event()
         self._stopping = False
         self._crash: BaseException | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self.pool: TaskPool | None = None
         """The connections tasks' transactions take (while the worker runs)."""
         self.control: AsyncEngine = store.engine
@@ -107,6 +110,9 @@ class TaskWorker:
                 await self._serve(stopping)
         finally:
             await pool.close()
+            if self._threads is not None:
+                self._threads.shutdown(wait=False)
+                self._threads = None
             for engine in {pool.engine, self.settling, listening}:
                 if engine is not self.store.engine:
                     await engine.dispose()
@@ -266,8 +272,11 @@ class TaskWorker:
                 try:
                     if task is None:
                         raise LookupError(f"no task {item.task!r} is registered in this worker")
-                    await _call(task, tx.session, item.args)
-                    committed = await tx.commit()
+                    if task.is_async:
+                        await _call(task, tx.session, item.args)
+                        committed = await tx.commit()
+                    else:
+                        committed = await self._in_thread(task, item, eager)
                 finally:
                     await tx.close()
             except Exception as exc:
@@ -287,6 +296,30 @@ class TaskWorker:
             if committed is False:
                 return LeaseLost(item)
             return Succeeded(item, duration, settled=committed is True)
+
+    async def _in_thread(self, task: Task, item: Leased, eager: bool) -> bool | None:
+        """Run a plain `def` task in the worker's thread pool, in its own transaction on a
+        synchronous connection, so that it blocks no other task, heartbeat or slot. A timeout,
+        a cancel or a shutdown gives the attempt up at once: the thread may run on (Python
+        cannot stop it), but it never commits (its `Fence`)."""
+        if self._threads is None:
+            size = min(self.options.concurrency, self.options.pool_size)
+            self._threads = ThreadPoolExecutor(size, thread_name_prefix="oncely-task")
+        fence = Fence()
+        call = functools.partial(
+            run_sync_attempt, self.store.tasks, task.func, item, fence, eager=eager
+        )
+        future = asyncio.get_running_loop().run_in_executor(self._threads, call)
+        future.add_done_callback(_retrieved)
+        try:
+            if task.timeout is None:
+                return await asyncio.shield(future)
+            return await asyncio.wait_for(asyncio.shield(future), task.timeout)
+        except BaseException:
+            fence.close()  # it waits for a commit under way: then that commit stands
+            if future.done() and not future.cancelled() and future.exception() is None:
+                return future.result()
+            raise
 
     async def step(self, limit: int | None = None) -> list[Outcome]:
         """Lease the due tasks once (at most `limit`), run them, write their outcomes; the
@@ -326,10 +359,13 @@ class TaskWorker:
 
     async def close(self) -> None:
         """Close the connections `run` and `step` took outside `consume` (which closes its
-        own)."""
+        own), and let the threads of sync tasks go."""
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
+            self._threads = None
 
     async def settle(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Write what `run`'s outcomes left to write (many in one transaction) and log each
@@ -470,17 +506,20 @@ async def _first(
 
 
 async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> None:
-    if task.is_async:
-        call = task.func(session, **args)
-        if task.timeout is not None:
-            await asyncio.wait_for(call, task.timeout)
-        else:
-            await call
+    call = task.func(session, **args)
+    if task.timeout is not None:
+        await asyncio.wait_for(call, task.timeout)
     else:
-        await session.run_sync(lambda sync_session: task.func(sync_session, **args))
+        await call
     what = violation(session.sync_session)
     if what is not None:
         raise JobTransactionError(f"the task called {what}() on oncely's session")
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A sync task's thread ended after its attempt was given up: its result is nobody's."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _emit(outcome: Outcome) -> None:
