@@ -14,7 +14,7 @@ from . import config
 from .errors import BadInputError, OncelyError, TaskStateError
 from .model import TaskRecord, TaskState
 from .work.options import WorkerOptions
-from .work.tasks import TaskWorker
+from .work.tasks import ANNOUNCE_EVERY, TaskWorker
 
 if TYPE_CHECKING:
     from .app import Oncely
@@ -90,6 +90,12 @@ async def list_tasks(
 ) -> list[TaskRecord]:
     """Tasks newest first, optionally of one state and one task."""
     return await app.store.tasks.listing(state, task, limit)
+
+
+async def unrunnable(app: Oncely) -> dict[str, int] | None:
+    """Available tasks that no live worker leases (none registers their name), by name, with
+    how many wait; None if no worker is live (or this database does not record workers)."""
+    return await app.store.tasks.unrunnable(3 * ANNOUNCE_EVERY)
 
 
 async def retry_task(app: Oncely, task_id: int) -> TaskRecord:

@@ -88,7 +88,8 @@ def test_demo_default_replays_the_incident_and_leaves_nothing(tmp_path: Path) ->
     proc = run_cli("demo", cwd=tmp_path, env={"ONCELY_DATABASE_URL": f"sqlite:///{elsewhere}"})
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert elapsed < 10, f"the demo took {elapsed:.1f}s"
+    # It takes seconds; the bound catches a hang, not a slow machine (CI gates on no timing).
+    assert elapsed < 120, f"the demo took {elapsed:.1f}s"
     out = proc.stdout
     lines = out.splitlines()
     assert lines[0].startswith("oncely demo:")

@@ -86,7 +86,8 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
 
     result = run_cli("migrate", cwd=ROOT, env={"ONCELY_DATABASE_URL": db_url})
     assert result.returncode == 0, result.stderr
-    assert "to version 3 (applied [3])" in result.stdout
+    applied = ", ".join(str(v) for v in range(3, SCHEMA_VERSION + 1))
+    assert f"to version {SCHEMA_VERSION} (applied [{applied}])" in result.stdout
     assert task_indexes(sync_engine) == V3_INDEXES
 
     app = Oncely(db_url)

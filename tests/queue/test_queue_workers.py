@@ -175,6 +175,10 @@ def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
     assert rows(sync_engine, f"SELECT state, attempt FROM oncely_tasks WHERE id = {task_id}") == [
         ("available", 0)
     ]
+    # `oncely tasks` names the task that no live worker can run (the old one is live).
+    listing = run_cli("tasks", cwd=ROOT, env={**env, "ONCELY_APP": "tests.apps.queue_app:app"})
+    assert listing.returncode == 0, listing.stderr
+    assert "note: 1 available 'charge' task(s) wait, and no live worker leases" in listing.stdout
     new = subprocess.Popen(
         [*WORKER[:2], "tests.apps.queue_app_next:app", "--concurrency", "2", "--poll", "0.05"],
         cwd=ROOT,
@@ -190,6 +194,8 @@ def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
         ),
         "the new worker to run the new task",
     )
+    listing = run_cli("tasks", cwd=ROOT, env={**env, "ONCELY_APP": "tests.apps.queue_app:app"})
+    assert listing.returncode == 0 and "note:" not in listing.stdout  # it ran: none waits
     (old_code, old_err), (new_code, _) = stop(old), stop(new)
     assert (old_code, new_code) == (0, 0)
     assert rows(sync_engine, f"SELECT attempt FROM oncely_tasks WHERE id = {task_id}") == [(1,)]
@@ -198,6 +204,7 @@ def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
         (2, old.pid),
     ]
     assert "LookupError" not in old_err and "is registered" not in old_err
+    assert rows(sync_engine, "SELECT count(*) FROM oncely_workers") == [(0,)]  # both stopped
 
 
 @pytest.mark.timeout(900)  # the soak itself may take 240 s

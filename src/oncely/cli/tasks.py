@@ -122,11 +122,20 @@ def _list(
 ) -> None:
     wanted = TaskState(state) if state else None
     records = obj.call(lambda app: queue.list_tasks(app, wanted, task_name, limit))
+    stranded = obj.call(queue.unrunnable) or {}
     if as_json:
         click.echo(render.dumps([render.task_dict(r) for r in records]))
-        return
-    headers = ["ID", "TASK", "STATE", "ATTEMPT", "RUN AT / FINISHED", "KEY", "LAST ERROR"]
-    click.echo(render.table(headers, render.task_rows(records)))
+    else:
+        headers = ["ID", "TASK", "STATE", "ATTEMPT", "RUN AT / FINISHED", "KEY", "LAST ERROR"]
+        click.echo(render.table(headers, render.task_rows(records)))
+    for name, waiting in sorted(stranded.items()):
+        if task_name is None or name == task_name:
+            click.echo(
+                f"note: {waiting} available {name!r} task(s) wait, and no live worker leases "
+                f"{name!r} (no running worker registers it: a deploy not finished, or a "
+                "worker of another app)",
+                err=as_json,
+            )
 
 
 @tasks.command("retry")

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from .dialects import dialect_for
-from .tables import runs, tasks
+from .tables import runs, tasks, workers
 
 
 def _v1_runs(conn: Connection) -> None:
@@ -34,12 +34,17 @@ def _v3_lean_indexes(conn: Connection) -> None:
     conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_state")
 
 
+def _v4_workers(conn: Connection) -> None:
+    workers.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "the oncely_runs ledger", _v1_runs),
     (2, "the oncely_tasks queue (and its NOTIFY trigger on Postgres)", _v2_tasks),
     (3, "oncely_tasks: partial indexes for keyed and finished tasks", _v3_lean_indexes),
+    (4, "oncely_workers: live task workers and the task names they lease", _v4_workers),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 

@@ -108,3 +108,17 @@ _partial_index("oncely_tasks_leases", tasks.c.lease_expires_at, where=tasks.c.st
 # only (schema v3): a task gets its entry once, when it ends, not at each state change.
 _FINISHED = tasks.c.state.in_(["succeeded", "discarded", "dead"])
 _partial_index("oncely_tasks_finished", tasks.c.state, tasks.c.finished_at, where=_FINISHED)
+
+
+workers = sa.Table(
+    "oncely_workers",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("names", sa.Text(), nullable=False),
+    sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column("seen_at", UTCDateTime(), nullable=False),
+)
+"""Live task workers, each with the task names it leases (a JSON list): what `oncely tasks`
+reads to say which waiting tasks no live worker can run. A worker writes its row when it
+starts and every `ANNOUNCE_EVERY` seconds, and deletes it when it stops; a row not seen for
+three periods is a worker that died."""

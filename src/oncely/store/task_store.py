@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only
 
 from .. import clock, hooks
-from ..errors import JobTransactionError
+from ..errors import JobTransactionError, OncelyError
 from ..model import TaskRecord, TaskState
 from . import tables, tasks_sql
 from .claims import raise_translated
@@ -562,6 +563,53 @@ class TaskStore:
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
                 return list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
+
+    # -- live workers -------------------------------------------------------------------
+
+    async def announce(
+        self, worker_id: str, names: Sequence[str], engine: AsyncEngine, *, first: bool
+    ) -> None:
+        """Record a live worker and the task names it leases (`first`: it just started),
+        or its periodic sign of life. A database without the table (schema 3) is left as it
+        is: the worker runs, unlisted."""
+        now = self.dialect.now()
+        stmt = (
+            tasks_sql.worker_started(worker_id, json.dumps(sorted(names)), now)
+            if first
+            else tasks_sql.worker_seen(worker_id, now)
+        )
+        await self._quietly(engine, stmt)
+
+    async def retire(self, worker_id: str, engine: AsyncEngine) -> None:
+        """A worker stops: its row goes."""
+        await self._quietly(engine, tasks_sql.worker_gone(worker_id))
+
+    async def _quietly(self, engine: AsyncEngine, stmt: Any) -> None:
+        try:
+            with self.store.translate():
+                async with engine.begin() as conn:
+                    await conn.execute(stmt)
+        except OncelyError as exc:
+            if not self.dialect.is_missing_table(exc.__cause__ or exc):
+                raise
+
+    async def unrunnable(self, within: float) -> dict[str, int] | None:
+        """The names of available tasks that no worker seen in the last `within` seconds
+        leases, with how many of each wait, while such workers run; None when none does (or
+        the database has no workers table: schema 3)."""
+        try:
+            rows = await self.store._read(tasks_sql.live_workers(self.dialect.after(-within)))
+        except OncelyError as exc:
+            if self.dialect.is_missing_table(exc.__cause__ or exc):
+                return None
+            raise
+        if not rows:
+            return None
+        live: set[str] = set()
+        for (names,) in rows:
+            live.update(json.loads(names))
+        waiting = await self.store._read(tasks_sql.waiting_by_task())
+        return {name: int(n) for name, n in waiting if name not in live}
 
     # -- the operator's views -----------------------------------------------------------
 

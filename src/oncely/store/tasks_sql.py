@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .tables import runs, tasks
+from .tables import runs, tasks, workers
 
 AVAILABLE, RUNNING, SUCCEEDED, DISCARDED, DEAD = (
     "available",
@@ -295,3 +295,32 @@ def counts_by_task() -> sa.Select[Any]:
 def clear() -> sa.Delete:
     """Delete every task (test databases only)."""
     return sa.delete(tasks)
+
+
+def worker_gone(worker_id: str) -> sa.Delete:
+    """A worker that stopped: its row goes."""
+    return sa.delete(workers).where(workers.c.id == worker_id)
+
+
+def worker_seen(worker_id: str, now: Any) -> sa.Update:
+    """A live worker's periodic sign of life."""
+    return sa.update(workers).where(workers.c.id == worker_id).values(seen_at=now)
+
+
+def worker_started(worker_id: str, names: str, now: Any) -> sa.Insert:
+    """A worker that starts, with the task names it leases (JSON)."""
+    return sa.insert(workers).values(id=worker_id, names=names, started_at=now, seen_at=now)
+
+
+def live_workers(since: Any) -> sa.Select[Any]:
+    """The task names of the workers seen since `since`."""
+    return sa.select(workers.c.names).where(workers.c.seen_at >= since)
+
+
+def waiting_by_task() -> sa.Select[Any]:
+    """How many tasks of each name are available (waiting for a worker)."""
+    return (
+        sa.select(tasks.c.task, sa.func.count())
+        .where(tasks.c.state == AVAILABLE)
+        .group_by(tasks.c.task)
+    )

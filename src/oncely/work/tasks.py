@@ -48,9 +48,9 @@ from .outcome import (
 
 logger = logging.getLogger("oncely")
 
-CONFLICT_RERUNS = 1
-"""Times an attempt whose transaction met a write conflict (SQLite) runs again at once, then
-taking the write lock at its first statement: the conflict was not the task's failure."""
+ANNOUNCE_EVERY = 10.0
+"""Seconds between a worker's signs of life in `oncely_workers`; one not seen for three of
+them is taken for dead."""
 
 
 class TaskWorker:
@@ -69,6 +69,8 @@ class TaskWorker:
         self.handed_back = 0
         """Tasks whose attempts the shutdown cancelled and handed back."""
         self._prefix = uuid.uuid4().hex[:16]
+        self.id = f"{self.by}/{self._prefix}"
+        """This worker, among the live ones (`oncely_workers`)."""
         self._counter = itertools.count()
         self._ready: collections.deque[Leased] = collections.deque()
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -124,6 +126,7 @@ class TaskWorker:
             asyncio.create_task(self.keep_leases(stopping)),
             asyncio.create_task(self._rescuer(stopping)),
             asyncio.create_task(self._settler()),
+            asyncio.create_task(self._announce(stopping)),
         ]
         try:
             await self._lease(stopping)
@@ -152,6 +155,8 @@ class TaskWorker:
             await self._flush(once=True)
         await self._release_ready()
         await self._give_back()
+        with contextlib.suppress(Exception):
+            await self.store.tasks.retire(self.id, self.control)
 
     async def _lease(self, stopping: asyncio.Event) -> None:
         """Keep up to `concurrency` tasks running and `prefetch` more leased, until stopping."""
@@ -408,6 +413,18 @@ class TaskWorker:
                 self.held.pop(pending.item.id, None)
                 _emit(outcome if pending.item.id in written else LeaseLost(pending.item))
             self._room.set()
+
+    async def _announce(self, stopping: asyncio.Event) -> None:
+        """Say every ANNOUNCE_EVERY seconds that this worker lives and which task names it
+        leases (what `oncely tasks` reads to name the tasks no live worker can run)."""
+        first = True
+        while not stopping.is_set():
+            try:
+                await self.store.tasks.announce(self.id, self.names, self.control, first=first)
+                first = False
+            except OncelyError as exc:
+                logger.debug("announcing the worker failed: %s", exc)
+            await _first(stopping, timeout=ANNOUNCE_EVERY)
 
     async def keep_leases(self, stopping: asyncio.Event) -> None:
         """Renew the lease of every task this worker holds, every `lease / 3`, until
