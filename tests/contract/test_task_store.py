@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from oncely.model import TaskState
 from oncely.schema import tasks
 from oncely.store import Store
-from oncely.store.task_store import Leased, enqueue
+from oncely.store.task_pool import TaskPool
+from oncely.store.task_store import Leased, Settle, enqueue
 
 LONG = 600.0  # seconds: a lease that does not run out during a test
 BY = "contract-worker"
@@ -89,16 +90,14 @@ async def lease_in(
 
 async def ack(store: Store, leased: list[Leased]) -> set[int]:
     """Mark leased tasks succeeded iff their lease is still theirs; the ids that were."""
-    async with store.engine.connect() as conn, store.tasks.batch(conn) as batch:
-        return await batch.ack(leased)
+    return await store.tasks.settle([Settle(item, TaskState.SUCCEEDED) for item in leased])
 
 
 async def record(
     store: Store, item: Leased, state: TaskState, wait: float | None, error: str
 ) -> bool:
     """Record an attempt's retry (in `wait` seconds) or end; False if the lease was not ours."""
-    async with store.engine.connect() as conn, store.tasks.batch(conn) as batch:
-        return await batch.outcome(item, state, wait, error)
+    return bool(await store.tasks.settle([Settle(item, state, wait, error)]))
 
 
 async def heartbeat(store: Store, leased: list[Leased], lease: float = LONG) -> set[int]:
@@ -110,7 +109,7 @@ async def rescue(store: Store) -> list[Any]:
 
 
 async def hand_back(store: Store, leased: list[Leased], *, started: bool) -> None:
-    await store.tasks.release(leased, started=started)
+    await store.tasks.give_back(leased, started=started)
 
 
 async def discard(store: Store, task_id: int) -> Any:
@@ -490,3 +489,79 @@ async def test_release_does_not_touch_a_lease_another_worker_holds(store: Store)
     theirs = await row(store, task_id)
     await hand_back(store, [stale], started=False)
     assert await row(store, task_id) == theirs
+
+
+# -- a task's own transaction ---------------------------------------------------------------
+
+WORKER_TOKEN = "c0ffee.1"  # a worker's lease token has this shape (see TaskWorker.token)
+
+
+@pytest.fixture
+async def pool(store: Store) -> AsyncIterator[TaskPool]:
+    """A worker's pool of two connections for tasks' transactions, and an effects table."""
+    async with store.engine.begin() as conn:
+        await conn.execute(sa.text("CREATE TABLE contract_effects (n integer)"))
+    lent = TaskPool(store.dialect.task_engine(store.engine), 2, store.dialect.task_connection_ok)
+    yield lent
+    await lent.close()
+
+
+async def effects_of(store: Store) -> list[int]:
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(sa.text("SELECT n FROM contract_effects ORDER BY n"))
+        return [r[0] for r in rows]
+
+
+async def run_task(store: Store, pool: TaskPool, item: Leased, n: int | None) -> bool | None:
+    """One task's transaction: insert `n` (or make no statement), then commit with the ack."""
+    tx = store.tasks.transaction(pool, item)
+    try:
+        if n is not None:
+            await tx.session.execute(sa.text("INSERT INTO contract_effects VALUES (:n)"), {"n": n})
+        return await tx.commit()
+    finally:
+        await tx.close()
+
+
+async def test_a_task_transaction_commits_its_work_with_its_ack(
+    store: Store, pool: TaskPool
+) -> None:
+    task_id = await put(store)
+    [item] = await fetch(store, WORKER_TOKEN)
+    assert await run_task(store, pool, item, 7) is True
+    assert (await row(store, task_id)).state == "succeeded"
+    assert await effects_of(store) == [7]
+    assert pool.lent == 0 and pool.peak == 1
+
+
+async def test_a_task_transaction_whose_lease_was_lost_commits_nothing(
+    store: Store, pool: TaskPool
+) -> None:
+    task_id = await put(store)
+    [item] = await fetch(store, WORKER_TOKEN)
+    assert await discard(store, task_id) is not None  # an operator, meanwhile
+    assert await run_task(store, pool, item, 7) is False
+    assert (await row(store, task_id)).state == "discarded"
+    assert await effects_of(store) == []
+    assert pool.lent == 0
+
+
+async def test_a_task_transaction_without_a_statement_takes_no_connection(
+    store: Store, pool: TaskPool
+) -> None:
+    task_id = await put(store)
+    [item] = await fetch(store, WORKER_TOKEN)
+    assert await run_task(store, pool, item, None) is None  # its ack is the worker's to write
+    assert pool.peak == 0
+    assert (await row(store, task_id)).state == "running"
+    assert await ack(store, [item]) == {task_id}
+
+
+async def test_give_back_of_tasks_that_never_ran_does_not_count_their_attempt(
+    store: Store,
+) -> None:
+    task_id = await put(store)
+    leased = await fetch(store, "tok-a")
+    await store.tasks.give_back(leased, started=False)
+    r = await row(store, task_id)
+    assert (r.state, r.attempt, r.lease_token) == ("available", 0, None)

@@ -530,19 +530,20 @@ class TaskStore:
             async with (engine or self.store.engine).begin() as conn:
                 return {r.id for r in await conn.execute(stmt)}
 
-    async def release(
+    async def give_back(
         self,
         leased: Sequence[Leased],
         *,
         started: bool = False,
         engine: AsyncEngine | None = None,
     ) -> None:
-        """Give back leased tasks at once; `started=False` does not count the attempt."""
+        """Give leased tasks back at once, available to any worker; `started=False` (they
+        never ran) does not count the attempt. (`release` is only ever a slot's claim.)"""
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
                 for token, ids in _by_token(leased).items():
                     await conn.execute(
-                        tasks_sql.release(ids, token, self.dialect.now(), started=started)
+                        tasks_sql.give_back(ids, token, self.dialect.now(), started=started)
                     )
 
     async def hand_back(

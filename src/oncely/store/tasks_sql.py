@@ -164,7 +164,7 @@ def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any) -> Any:
     )
 
 
-def release(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Update:
+def give_back(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Update:
     """Give back leased tasks now: ones that never started (a worker stopping) lose the
     attempt; ones whose batch rolled back keep it."""
     return (

@@ -131,7 +131,7 @@ class TaskWorker:
         try:
             await self._lease(stopping)
             self._stopping = True
-            await self._release_ready()
+            await self._give_back_ready()
             while self._running:
                 await asyncio.wait(list(self._running.values()))
             await self._flush()
@@ -153,7 +153,7 @@ class TaskWorker:
         attempts were cancelled (their work rolled back) and those never started."""
         with contextlib.suppress(Exception):
             await self._flush(once=True)
-        await self._release_ready()
+        await self._give_back_ready()
         await self._give_back()
         with contextlib.suppress(Exception):
             await self.store.tasks.retire(self.id, self.control)
@@ -465,14 +465,14 @@ class TaskWorker:
 
     # -- shutdown -----------------------------------------------------------------------
 
-    async def _release_ready(self) -> None:
+    async def _give_back_ready(self) -> None:
         """Give back the leased tasks that never started: available now, attempt uncounted."""
         ready = list(self._ready)
         self._ready.clear()
         if not ready:
             return
         try:
-            await self.store.tasks.release(ready, started=False, engine=self.control)
+            await self.store.tasks.give_back(ready, started=False, engine=self.control)
         except OncelyError as exc:  # their leases run out instead; the rescuer hands them on
             logger.debug("could not give back unstarted tasks: %s", exc)
             return
