@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from . import clock, config, events
+from . import clock, config, events, queue
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError
 from .identity import replica_id
-from .model import Claim, RunResult, RunStatus, Slot
+from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
 from .queue import DEFAULT_CONCURRENCY
 from .registry import JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
@@ -283,6 +283,27 @@ class Oncely:
                 claimed_by=claim.claimed_by,
             )
         return claim
+
+    # -- the task queue's operations ----------------------------------------------------
+
+    async def list_tasks(
+        self, state: TaskState | None = None, task: str | None = None, limit: int = 50
+    ) -> list[TaskRecord]:
+        """Tasks newest first, optionally of one state and one task name."""
+        return await queue.list_tasks(self, state, task, limit)
+
+    async def retry_task(self, task_id: int) -> TaskRecord:
+        """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
+        return await queue.retry_task(self, task_id)
+
+    async def discard_task(self, task_id: int) -> TaskRecord:
+        """Discard a task that has not succeeded; a running attempt of it then rolls back."""
+        return await queue.discard_task(self, task_id)
+
+    async def prune(self, older_than: timedelta) -> tuple[int, int]:
+        """Delete tasks finished, and slot claims made, more than `older_than` ago (database
+        time); (tasks, claims) deleted. See docs/tasks.md on how long to keep claims."""
+        return await queue.prune(self, older_than)
 
     async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
         """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not

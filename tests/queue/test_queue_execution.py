@@ -454,3 +454,21 @@ async def test_tasks_see_none_of_each_others_session_state(
     await drain(app, finished(app, 5), concurrency=1, batch=5)
     assert seen == [(n, 0, False) for n in range(5)]
     assert await effects(app) == list(range(5))
+
+
+async def test_the_operators_task_functions_are_the_apps_methods(app: Oncely) -> None:
+    """list / retry / discard / prune tasks on the app itself, beside history and release."""
+    from datetime import timedelta
+
+    @app.task(retry=RetryPolicy(attempts=1))
+    async def fragile(db, n: int):  # type: ignore[no-untyped-def]
+        raise Gone(n)
+
+    rec = await in_tx(app, lambda db: fragile.enqueue(db, n=1))
+    other = await in_tx(app, lambda db: fragile.enqueue(db, n=2))
+    await run_due(app, worker(app))
+    assert [r.state for r in await app.list_tasks(TaskState.DEAD)] == [TaskState.DEAD] * 2
+    assert (await app.retry_task(rec.id)).state is TaskState.AVAILABLE
+    assert (await app.discard_task(other.id)).state is TaskState.DISCARDED
+    assert [r.id for r in await app.list_tasks(task="fragile", limit=1)] == [other.id]
+    assert await app.prune(timedelta(days=30)) == (0, 0)  # nothing that old
