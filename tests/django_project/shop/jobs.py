@@ -1,0 +1,17 @@
+"""The incident's job, on the ORM: +10 coins to the week's top member, once per Friday."""
+
+import os
+
+from oncely import cron
+from oncely.contrib.django import Oncely
+
+from .models import Bonus
+
+app = Oncely()
+
+
+@app.job(cron("0 18 * * FRI", tz="America/Mexico_City"))
+def leaderboard_close(now):
+    Bonus.objects.create(member="ana", week=now.strftime("%G-W%V"))
+    if os.environ.get("SHOP_FAIL_AFTER_WORK"):
+        raise RuntimeError("the job failed after its work")
