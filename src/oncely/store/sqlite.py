@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from datetime import datetime
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa

@@ -12,7 +12,7 @@ _PG = make_url(
     os.environ.get("ONCELY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 )
 
-SECRET_KEY = "tests-only"  # noqa: S105
+SECRET_KEY = "tests-only"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -72,9 +72,12 @@ DATABASES = {
 
 ONCELY = {"APP": "shop.jobs:app", "DATABASE": os.environ.get("SHOP_DATABASE", "default")}
 
+# One backend per database (a task's rows live where its backend's DATABASE says).
 TASKS = {
-    "default": {
+    alias: {
         "BACKEND": "oncely.contrib.django.TaskBackend",
         "QUEUES": ["default", "mail"],
+        "OPTIONS": {"DATABASE": alias},
     }
+    for alias in DATABASES
 }

@@ -17,8 +17,8 @@ from ... import queue
 from ...app import Oncely as CoreOncely
 from ...errors import OncelyError
 from ...model import TaskRecord
-from .models import SlotClaim, TaskRow
 from .app import Oncely
+from .models import SlotClaim, TaskRow
 
 
 class ReadOnly(admin.ModelAdmin):  # type: ignore[misc]

@@ -53,9 +53,10 @@ def lent(using: str, what: str) -> Iterator[Connection]:
     """A SQLAlchemy Connection on Django's connection `using`, in its open atomic block;
     an error in it marks the block for rollback (as one of Django's own queries would)."""
     conn = _atomic_connection(using, what)
-    with transaction.mark_for_rollback_on_error(using), borrowed.borrow(
-        conn.connection, conn.vendor
-    ) as sa_conn:
+    with (
+        transaction.mark_for_rollback_on_error(using),
+        borrowed.borrow(conn.connection, conn.vendor) as sa_conn,
+    ):
         yield sa_conn
 
 

@@ -24,12 +24,12 @@ from ...tasks import check_json, report_enqueued
 from .connection import default_alias, lent
 
 try:  # Django 6
-    from django.tasks.base import Task, TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django 5.2: the django-tasks backport, the same API
-    from django_tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[no-redef]
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+    from django_tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[no-redef]
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
 
 ARGS, KWARGS = "args", "kwargs"
@@ -130,7 +130,9 @@ class TaskBackend(BaseTaskBackend):
         return result
 
 
-def enqueue(task: Task, *args: Any, idempotency_key: str | None = None, **kwargs: Any) -> TaskResult:
+def enqueue(
+    task: Task, *args: Any, idempotency_key: str | None = None, **kwargs: Any
+) -> TaskResult:
     """`task.enqueue(*args, **kwargs)` with an oncely idempotency key (one task per key)."""
     backend = task.get_backend()
     if not isinstance(backend, TaskBackend):

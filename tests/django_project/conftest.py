@@ -1,0 +1,102 @@
+"""The Django test project (shop/), set up once per pytest process on SQLite and Postgres.
+
+Django's settings are process-wide, so one settings module serves both databases: alias
+"default" is a SQLite file, alias "pg" a Postgres database of this process
+(`oncely_django_<pid>`); each test runs once per alias (the `alias` fixture). Both are
+migrated with `manage.py migrate`'s machinery (`call_command("migrate")`), as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from tests.conftest import IN_CI, PG_ADMIN_URL
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+
+def _admin() -> sa.Engine:
+    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg2")
+    return sa.create_engine(url, isolation_level="AUTOCOMMIT")
+
+
+def create_pg_database(name: str) -> None:
+    admin = _admin()
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    except sa.exc.OperationalError as exc:
+        message = f"Postgres is not reachable at {make_url(PG_ADMIN_URL)!r}: {exc.orig}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    finally:
+        admin.dispose()
+
+
+def drop_pg_database(name: str) -> None:
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+def pg_url(name: str) -> str:
+    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def django_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Django set up on the shop project; the environment its manage.py processes need."""
+    import django
+    from django.core.management import call_command
+
+    pg_name = f"oncely_django_{os.getpid()}"
+    create_pg_database(pg_name)
+    env = {
+        "SHOP_SQLITE": str(tmp_path_factory.mktemp("shop") / "shop.db"),
+        "SHOP_PG_NAME": pg_name,
+        "DJANGO_SETTINGS_MODULE": "shop.settings",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    django.setup()
+    call_command("migrate", verbosity=0)
+    call_command("migrate", database="pg", verbosity=0)
+    yield env
+    from django.db import connections
+
+    connections.close_all()
+    drop_pg_database(pg_name)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(params=["default", pytest.param("pg", marks=pytest.mark.postgres)])
+def alias(request: pytest.FixtureRequest, django_project: dict[str, str]) -> Iterator[str]:
+    """A Django database alias ("default": SQLite, "pg": Postgres), emptied for the test."""
+    from django.db import connections
+
+    _empty(request.param)
+    yield request.param
+    connections.close_all()
+
+
+def _empty(alias: str) -> None:
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        for table in ("oncely_runs", "oncely_tasks", "shop_bonus", "shop_receipt"):
+            cursor.execute(f"DELETE FROM {table}")

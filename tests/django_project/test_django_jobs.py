@@ -1,0 +1,62 @@
+"""Scheduled jobs on the ORM, run as `manage.py oncely run JOB --now T` in real processes."""
+
+from __future__ import annotations
+
+from shop_helpers import count, manage
+
+T = "2026-06-06T00:05:00Z"  # Friday 18:05 in Mexico City: the 18:00 slot is due
+
+
+def test_the_incident_three_processes_run_the_leaderboard_close_once(
+    alias: str, django_project: dict[str, str]
+) -> None:
+    procs = [
+        manage(django_project, alias, "oncely", "run", "leaderboard_close", "--now", T)
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes == [0, 0, 0], outs
+    said = [out.split()[0] for out, _err in outs]
+    assert said.count("ran") == 1, outs
+    assert set(said) <= {"ran", "skipped", "busy"}, outs
+    assert count(alias, "shop_bonus") == 1  # one +10, not +30
+    assert count(alias, "oncely_runs", "WHERE job = 'leaderboard_close'") == 1
+
+
+def test_a_job_that_raises_rolls_back_its_work_and_frees_the_slot(
+    alias: str, django_project: dict[str, str]
+) -> None:
+    failing = manage(
+        django_project,
+        alias,
+        "oncely",
+        "run",
+        "leaderboard_close",
+        "--now",
+        T,
+        extra={"SHOP_FAIL_AFTER_WORK": "1"},
+    )
+    out, err = failing.communicate(timeout=120)
+    assert failing.returncode == 1, (out, err)  # the job's failure: oncely run's exit code
+    assert "run.failed" in err
+    assert count(alias, "shop_bonus") == 0 and count(alias, "oncely_runs") == 0
+    retry = manage(django_project, alias, "oncely", "run", "leaderboard_close", "--now", T)
+    out, err = retry.communicate(timeout=120)
+    assert retry.returncode == 0 and out.startswith("ran"), (out, err)
+    assert count(alias, "shop_bonus") == 1
+
+
+def test_every_oncely_command_is_under_manage_py_with_its_exit_codes(
+    alias: str, django_project: dict[str, str]
+) -> None:
+    unknown = manage(django_project, alias, "oncely", "run", "nope", "--now", T)
+    out, err = unknown.communicate(timeout=120)
+    assert unknown.returncode == 2 and "unknown job 'nope'" in err and "Traceback" not in err
+    listing = manage(django_project, alias, "oncely", "list", "--json")
+    out, err = listing.communicate(timeout=120)
+    assert listing.returncode == 0 and "leaderboard_close" in out, err
+    bad_now = manage(django_project, alias, "oncely", "run", "leaderboard_close", "--now", "x")
+    out, err = bad_now.communicate(timeout=120)
+    assert bad_now.returncode == 2 and "Traceback" not in err
+    assert count(alias, "oncely_runs") == 0
