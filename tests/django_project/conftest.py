@@ -14,44 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
-from sqlalchemy.engine import make_url
-from tests.conftest import IN_CI, PG_ADMIN_URL
+from shop_helpers import create_pg_database, drop_pg_database
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-
-
-def _admin() -> sa.Engine:
-    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg2")
-    return sa.create_engine(url, isolation_level="AUTOCOMMIT")
-
-
-def create_pg_database(name: str) -> None:
-    admin = _admin()
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    except sa.exc.OperationalError as exc:
-        message = f"Postgres is not reachable at {make_url(PG_ADMIN_URL)!r}: {exc.orig}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    finally:
-        admin.dispose()
-
-
-def drop_pg_database(name: str) -> None:
-    admin = _admin()
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
-
-
-def pg_url(name: str) -> str:
-    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from tests.conftest import IN_CI, PG_ADMIN_URL
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -33,3 +38,34 @@ def manage(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _admin() -> sa.Engine:
+    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg2")
+    return sa.create_engine(url, isolation_level="AUTOCOMMIT")
+
+
+def create_pg_database(name: str) -> None:
+    admin = _admin()
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    except sa.exc.OperationalError as exc:
+        message = f"Postgres is not reachable at {make_url(PG_ADMIN_URL)!r}: {exc.orig}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    finally:
+        admin.dispose()
+
+
+def drop_pg_database(name: str) -> None:
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+def pg_url(name: str) -> str:
+    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)

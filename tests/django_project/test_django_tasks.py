@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from shop_helpers import count
 
-from oncely.store import dialect_for
-from oncely.store import tasks_sql
+from oncely.store import dialect_for, tasks_sql
 
 
 def test_a_task_enqueued_in_a_rolled_back_block_does_not_exist(alias: str) -> None:
@@ -136,4 +135,3 @@ def _rows(alias: str) -> list[Any]:
     from oncely.contrib.django.models import TaskRow
 
     return list(TaskRow.objects.using(alias).order_by("id"))
-

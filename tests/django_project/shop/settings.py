@@ -81,3 +81,5 @@ TASKS = {
     }
     for alias in DATABASES
 }
+
+DATABASE_ROUTERS = ["oncely.contrib.django.routers.OncelyRouter"]
