@@ -252,8 +252,8 @@ async def attempt_slot(store: Store, job: Job, slot: datetime, request: ClaimReq
     A job whose transaction is a framework's (`Job.attempt`) runs the same three steps there.
     """
     if job.attempt is not None:
-        outcome: Outcome = await job.attempt(store, job, slot, request)
-        return outcome
+        framework: Outcome = await job.attempt(store, job, slot, request)
+        return framework
     async with store.attempt() as session:
         outcome = await _claim(store, session, request)
         if outcome is None:

@@ -21,7 +21,7 @@ from .app import Oncely
 from .models import SlotClaim, TaskRow
 
 
-class ReadOnly(admin.ModelAdmin):  # type: ignore[misc]
+class ReadOnly(admin.ModelAdmin):
     """Nothing is added, changed or deleted here: oncely writes these tables."""
 
     def has_add_permission(self, request: Any, obj: Any = None) -> bool:
@@ -43,7 +43,7 @@ class SlotClaimAdmin(ReadOnly):
 
 
 def _each(
-    modeladmin: admin.ModelAdmin,  # type: ignore[type-arg]
+    modeladmin: admin.ModelAdmin,
     request: Any,
     ids: list[int],
     change: Callable[[CoreOncely, int], Awaitable[TaskRecord]],
@@ -71,13 +71,13 @@ def _each(
 
 
 @admin.action(description="Retry the selected tasks now (oncely tasks retry)")
-def retry(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:  # type: ignore[type-arg]
+def retry(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
     ids = list(queryset.values_list("id", flat=True))
     _each(modeladmin, request, ids, queue.retry_task, "is available again")
 
 
 @admin.action(description="Discard the selected tasks (oncely tasks discard)")
-def discard(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:  # type: ignore[type-arg]
+def discard(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
     ids = list(queryset.values_list("id", flat=True))
     _each(modeladmin, request, ids, queue.discard_task, "discarded")
 

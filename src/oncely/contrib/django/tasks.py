@@ -28,9 +28,9 @@ try:  # Django 6
     from django.tasks.base import Task, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django 5.2: the django-tasks backport, the same API
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[no-redef]
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef, unused-ignore]
+    from django_tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[no-redef, unused-ignore]
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef, unused-ignore]
 
 ARGS, KWARGS = "args", "kwargs"
 """A Django task's row keeps its call as {"args": [...], "kwargs": {...}} in `args`."""
@@ -73,7 +73,7 @@ class TaskBackend(BaseTaskBackend):
         """The Django database alias the backend's rows live in."""
         return self.using or default_alias()
 
-    def enqueue(self, task: Task, args: Any, kwargs: Any, **extra: Any) -> TaskResult:  # type: ignore[override]
+    def enqueue(self, task: Task, args: Any, kwargs: Any, **extra: Any) -> TaskResult:
         """Insert the task's row on Django's connection, in the caller's transaction."""
         return self.enqueue_keyed(task, args, kwargs, idempotency_key=None)
 

@@ -2,11 +2,13 @@
 
 The arguments go to oncely's own command line unchanged, with `--app` set to
 `ONCELY["APP"]` (an app with no jobs if unset) unless given: `manage.py oncely run JOB
---now ISO`, `manage.py oncely worker`, `manage.py oncely history` …
+--now ISO`, `manage.py oncely worker`, `manage.py oncely history` … on the database of
+`ONCELY["DATABASE"]` (`--database-url` overrides it; `$ONCELY_DATABASE_URL` does not).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -17,13 +19,18 @@ from ...settings_app import app_spec
 
 
 def oncely_args(args: list[str]) -> list[str]:
-    """`args` for oncely's command line, with the configured app unless `--app` is given."""
+    """`args` for oncely's command line, with the configured app unless `--app` is given.
+
+    The database is Django's (`ONCELY["DATABASE"]`): `$ONCELY_DATABASE_URL` is not read
+    here; an explicit `--database-url` still overrides it.
+    """
+    os.environ.pop("ONCELY_DATABASE_URL", None)
     if any(a == "--app" or a.startswith("--app=") for a in args):
         return args
     return ["--app", app_spec(), *args]
 
 
-class Command(BaseCommand):  # type: ignore[misc]
+class Command(BaseCommand):
     help = "oncely's command line on this project's app and database (see `oncely --help`)."
 
     def run_from_argv(self, argv: list[str]) -> None:
