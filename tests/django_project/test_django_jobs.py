@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 from shop_helpers import count, manage
 
 T = "2026-06-06T00:05:00Z"  # Friday 18:05 in Mexico City: the 18:00 slot is due
@@ -60,3 +63,44 @@ def test_every_oncely_command_is_under_manage_py_with_its_exit_codes(
     out, err = bad_now.communicate(timeout=120)
     assert bad_now.returncode == 2 and "Traceback" not in err
     assert count(alias, "oncely_runs") == 0
+
+
+def test_sigkill_between_the_work_and_the_commit_then_the_retry_has_one_effect(
+    alias: str, django_project: dict[str, str]
+) -> None:
+    killed = manage(
+        django_project,
+        alias,
+        "oncely",
+        "run",
+        "leaderboard_close",
+        "--now",
+        T,
+        extra={"SHOP_KILL_BEFORE_COMMIT": "1"},
+    )
+    out, err = killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL, (out, err)
+    assert count(alias, "shop_bonus") == 0  # the work died with its transaction ...
+    assert count(alias, "oncely_runs") == 0  # ... and so did the claim: the slot is free
+    retry = manage(django_project, alias, "oncely", "run", "leaderboard_close", "--now", T)
+    out, err = retry.communicate(timeout=120)
+    assert retry.returncode == 0 and out.startswith("ran"), (out, err)
+    assert count(alias, "shop_bonus") == 1
+
+
+def test_manage_py_oncely_worker_runs_the_schedule_and_stops_on_sigterm(
+    alias: str, django_project: dict[str, str]
+) -> None:
+    worker = manage(django_project, alias, "oncely", "worker", "--jobs", "tick")
+    try:
+        deadline = time.monotonic() + 60
+        while count(alias, "shop_bonus", "WHERE member = 'tick'") < 2:
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline, "the worker ran no tick in 60 s"
+            time.sleep(0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, (out, err)
+    ticks = count(alias, "shop_bonus", "WHERE member = 'tick'")
+    assert count(alias, "oncely_runs", "WHERE job = 'tick'") == ticks  # one claim per effect

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from django.db import close_old_connections, transaction
 
 from ... import app as core
+from ... import hooks
 from ...model import RunStatus
 from ...registry import Job
 from ...runner import RAN, Outcome, Stage, not_claimed
@@ -106,9 +107,10 @@ def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
         answer = borrowed.lock_and_claim(conn, request)
         if answer is ClaimOutcome.CLAIMED:
             return None
-        claim = borrowed.claim_in(conn, request.job, request.key)
+        taken = answer is ClaimOutcome.TAKEN
+        claim = borrowed.claim_in(conn, request.job, request.key) if taken else None
     transaction.set_rollback(True, using=alias)
-    return not_claimed(_NOT_CLAIMED[answer], claim if answer is ClaimOutcome.TAKEN else None)
+    return not_claimed(_NOT_CLAIMED[answer], claim)
 
 
 def _attempt(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
@@ -123,6 +125,7 @@ def _attempt(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Out
             stage = Stage.COMMIT
             with lent(alias, f"job {request.job!r}") as conn:
                 borrowed.finish(conn, request.job, request.key)
+            hooks.before_commit(request.job, request.key)
     except Exception as exc:
         if stage is Stage.CLAIM:
             raise  # oncely's own failure (schema, database): the caller reports it

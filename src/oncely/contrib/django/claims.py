@@ -15,6 +15,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from django.db import transaction
 
+from ... import hooks
 from ...effects import DEFAULT_SCOPE, EffectResult, check_key, ledger_job
 from ...errors import ConfigError
 from ...identity import replica_id
@@ -64,17 +65,22 @@ class DjangoOnceHandler(Generic[P, R]):
         started = time.perf_counter()
         value: R | None = None
         outcome: Outcome = RAN
+        stage = Stage.CLAIM
         try:
             with transaction.atomic(using=alias):
                 with lent(alias, f"@once {self.name}") as conn:
                     claimed = borrowed.claim(conn, self.job, key)
                     taken = None if claimed else borrowed.claim_in(conn, self.job, key)
                 if claimed:
+                    stage = Stage.CALL
                     value = self.func(*args, **kwargs)
+                    stage = Stage.COMMIT
+                    hooks.before_commit(self.job, key)
                 else:
                     outcome = not_claimed(RunStatus.SKIPPED, taken)
         except BaseException as exc:
-            self._report(key, Outcome(RunStatus.FAILED, Stage.CALL, error=exc), started)
+            if stage is not Stage.CLAIM:  # oncely's own failure to claim is not the body's
+                self._report(key, Outcome(RunStatus.FAILED, stage, error=exc), started)
             raise
         result = self._report(key, outcome, started)
         return replace(result, value=value)

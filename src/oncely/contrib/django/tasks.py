@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections, transaction
 
-from ...errors import BadInputError, OncelyError
+from ...errors import BadInputError, LeaseLostError
 from ...model import TaskRecord, TaskState
 from ...store import borrowed
 from ...tasks import check_json, report_enqueued
@@ -42,11 +42,6 @@ _STATUS = {
     TaskState.DISCARDED: TaskResultStatus.FAILED,
     TaskState.DEAD: TaskResultStatus.FAILED,
 }
-
-
-class LeaseLostError(OncelyError):
-    """The task's ack matched no row: its lease was lost (taken over, discarded, expired),
-    so its work was rolled back."""
 
 
 class TaskBackend(BaseTaskBackend):
