@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shop_helpers import create_pg_database, drop_pg_database
+from shop_helpers import create_pg_database, drop_pg_database, empty
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -56,14 +56,6 @@ def alias(request: pytest.FixtureRequest, django_project: dict[str, str]) -> Ite
     """A Django database alias ("default": SQLite, "pg": Postgres), emptied for the test."""
     from django.db import connections
 
-    _empty(request.param)
+    empty(request.param)
     yield request.param
     connections.close_all()
-
-
-def _empty(alias: str) -> None:
-    from django.db import connections
-
-    with connections[alias].cursor() as cursor:
-        for table in ("oncely_runs", "oncely_tasks", "shop_bonus", "shop_receipt"):
-            cursor.execute(f"DELETE FROM {table}")

@@ -69,3 +69,12 @@ def drop_pg_database(name: str) -> None:
 
 def pg_url(name: str) -> str:
     return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def empty(alias: str) -> None:
+    """Delete every row of oncely's and the shop's tables on `alias`."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        for table in ("oncely_runs", "oncely_tasks", "shop_bonus", "shop_receipt"):
+            cursor.execute(f"DELETE FROM {table}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 from shop_helpers import count, manage
 
 T = "2026-06-06T00:05:00Z"  # Friday 18:05 in Mexico City: the 18:00 slot is due
@@ -104,3 +105,31 @@ def test_manage_py_oncely_worker_runs_the_schedule_and_stops_on_sigterm(
     assert worker.returncode == 0, (out, err)
     ticks = count(alias, "shop_bonus", "WHERE member = 'tick'")
     assert count(alias, "oncely_runs", "WHERE job = 'tick'") == ticks  # one claim per effect
+
+
+@pytest.mark.postgres
+def test_a_loser_on_postgres_does_not_wait_for_the_holder(django_project: dict[str, str]) -> None:
+    """While an attempt holds the slot (its transaction open), another answers busy at once."""
+    from datetime import datetime, timezone
+
+    from django.db import transaction
+    from shop_helpers import empty
+
+    from oncely.contrib.django.connection import lent
+    from oncely.store import ClaimOutcome, ClaimRequest, borrowed
+
+    empty("pg")
+    slot = datetime(2026, 6, 6, 0, 0, tzinfo=timezone.utc)
+    request = ClaimRequest("leaderboard_close", "2026-06-06T00:00:00Z", slot, "holder")
+    with transaction.atomic(using="pg"):
+        with lent("pg", "the holder") as conn:
+            assert borrowed.lock_and_claim(conn, request) is ClaimOutcome.CLAIMED
+        started = time.monotonic()
+        loser = manage(django_project, "pg", "oncely", "run", "leaderboard_close", "--now", T)
+        out, err = loser.communicate(timeout=120)
+        took = time.monotonic() - started
+        transaction.set_rollback(True, using="pg")
+    assert loser.returncode == 0 and out.startswith("busy"), (out, err)
+    assert "run.busy" in err
+    assert count("pg", "shop_bonus") == 0
+    assert took < 30  # a process start and one round trip, not a wait for the holder
