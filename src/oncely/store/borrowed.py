@@ -34,8 +34,9 @@ from .plan import run
 class _Lent:
     """A DB-API connection as its owner lends it: statements pass, the transaction does not.
 
-    SQLAlchemy's connect hooks (SQLite's regexp and floor functions, psycopg's notice
-    handler) would change the owner's connection for good: they are not passed on either.
+    SQLAlchemy's connect hooks would change the owner's connection for good: the dialect
+    files give drivers without them (`Dialect.foreign_driver`), and these stand-ins catch
+    any that remain.
     """
 
     def __init__(self, dbapi_connection: Any, dialect: Dialect) -> None:

@@ -15,7 +15,9 @@ from typing import Any, NamedTuple, NoReturn
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, registry
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import await_only
@@ -369,7 +371,7 @@ class PostgresDialect(Dialect):
 
     def foreign_driver(self, dbapi_connection: object) -> str:
         module = type(dbapi_connection).__module__
-        return "psycopg2" if module.startswith("psycopg2") else "psycopg"
+        return LENT_PSYCOPG2 if module.startswith("psycopg2") else LENT_PSYCOPG
 
     def foreign_cursor(self, cursor: Any) -> Any:
         # Django has its connection return json and jsonb as text (its JSONField decodes it);
@@ -410,6 +412,30 @@ class PostgresDialect(Dialect):
 
     def is_driver_error(self, exc: BaseException) -> bool:
         return isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError))
+
+
+# SQLAlchemy's drivers for a connection oncely borrows (store/borrowed.py): the same, without
+# their connect hooks, which would change the owner's connection for good (psycopg2's UUID
+# typecaster, psycopg's notice handler).
+LENT_PSYCOPG, LENT_PSYCOPG2 = "oncely_lent_psycopg", "oncely_lent_psycopg2"
+
+
+class LentPsycopg(PGDialect_psycopg):
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:
+        return None
+
+
+class LentPsycopg2(PGDialect_psycopg2):
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:
+        return None
+
+
+registry.register(f"postgresql.{LENT_PSYCOPG}", __name__, "LentPsycopg")
+registry.register(f"postgresql.{LENT_PSYCOPG2}", __name__, "LentPsycopg2")
 
 
 TASKS_CHANNEL = "oncely_tasks"

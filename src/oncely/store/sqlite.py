@@ -17,7 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import registry, sqlite
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
@@ -116,6 +117,21 @@ def _as_text(_cursor: Any, row: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(v.isoformat(" ") if isinstance(v, datetime) else v for v in row)
 
 
+# SQLAlchemy's stdlib driver for a connection oncely borrows (store/borrowed.py), without its
+# connect hook: its REGEXP and floor() would replace the owner's (Django registers its own).
+LENT_PYSQLITE = "oncely_lent_pysqlite"
+
+
+class LentPysqlite(SQLiteDialect_pysqlite):
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:  # type: ignore[override]
+        return None
+
+
+registry.register(f"sqlite.{LENT_PYSQLITE}", __name__, "LentPysqlite")
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
 
@@ -168,7 +184,7 @@ class SQLiteDialect(Dialect):
     # migration_lock: none, BEGIN IMMEDIATE already serializes writers.
 
     def foreign_driver(self, dbapi_connection: object) -> str:
-        return "pysqlite"
+        return LENT_PYSQLITE
 
     def foreign_cursor(self, cursor: Any) -> Any:
         # Django's connection parses declared DATETIME columns itself (detect_types); hand
