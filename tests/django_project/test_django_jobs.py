@@ -133,3 +133,32 @@ def test_a_loser_on_postgres_does_not_wait_for_the_holder(django_project: dict[s
     assert "run.busy" in err
     assert count("pg", "shop_bonus") == 0
     assert took < 30  # a process start and one round trip, not a wait for the holder
+
+
+def test_an_unreachable_database_is_a_clear_error_with_exit_code_2(
+    django_project: dict[str, str],
+) -> None:
+    proc = manage(django_project, "down", "oncely", "run", "leaderboard_close", "--now", T)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, (out, err)
+    assert "cannot reach" in err and "Traceback" not in err
+    assert "s3cret-pw" not in err + out
+
+
+def test_an_attempt_whose_django_connection_fails_raises_an_oncely_error(
+    django_project: dict[str, str],
+) -> None:
+    """The worker treats it as an outage (waits, retries the slot), not as the job's failure."""
+    from datetime import datetime, timezone
+
+    from shop.jobs import app
+
+    from oncely import DatabaseUnavailableError
+    from oncely.contrib.django.app import attempt_in_django
+    from oncely.store import ClaimRequest
+
+    slot = datetime(2026, 6, 6, 0, 0, tzinfo=timezone.utc)
+    job = app.registry.job("leaderboard_close")
+    request = ClaimRequest(job.name, job.key_for(slot), slot, "r1")
+    with pytest.raises(DatabaseUnavailableError, match="cannot reach Django's database 'down'"):
+        attempt_in_django("down", job, slot, request)

@@ -135,3 +135,18 @@ def _rows(alias: str) -> list[Any]:
     from oncely.contrib.django.models import TaskRow
 
     return list(TaskRow.objects.using(alias).order_by("id"))
+
+
+def test_get_result_maps_a_dead_task_to_failed_with_its_last_error(alias: str) -> None:
+    from shop.tasks import send_receipt
+
+    from oncely.contrib.django.models import TaskRow
+
+    result = _enqueue(alias, send_receipt, 4)
+    TaskRow.objects.using(alias).filter(id=int(result.id)).update(
+        state="dead", error="shop.errors.GatewayTimeout: 504\nTraceback ..."
+    )
+    failed = _backend(alias).get_result(result.id)
+    assert failed.status.name == "FAILED"
+    assert [e.exception_class_path for e in failed.errors] == ["shop.errors.GatewayTimeout"]
+    assert "504" in failed.errors[0].traceback

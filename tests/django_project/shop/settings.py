@@ -68,6 +68,15 @@ DATABASES = {
         "HOST": _PG.host or "",
         "PORT": str(_PG.port or ""),
     },
+    # Nothing listens there: a database that cannot be reached (with a password to mask).
+    "down": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "shop",
+        "USER": "shop",
+        "PASSWORD": "s3cret-pw",
+        "HOST": "127.0.0.1",
+        "PORT": "1",
+    },
 }
 
 ONCELY = {"APP": "shop.jobs:app", "DATABASE": os.environ.get("SHOP_DATABASE", "default")}
@@ -79,7 +88,7 @@ TASKS = {
         "QUEUES": ["default", "mail"],
         "OPTIONS": {"DATABASE": alias},
     }
-    for alias in DATABASES
+    for alias in ("default", "pg")
 }
 
 DATABASE_ROUTERS = ["oncely.contrib.django.routers.OncelyRouter"]

@@ -13,10 +13,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import close_old_connections, transaction
+from django.db import DatabaseError as DjangoDatabaseError
+from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 
 from ... import app as core
 from ... import hooks
+from ...errors import DatabaseError, DatabaseUnavailableError, OncelyError
+from ...masking import mask_secrets
 from ...model import RunStatus
 from ...registry import Job
 from ...runner import RAN, Outcome, Stage, not_claimed
@@ -127,7 +130,18 @@ def _attempt(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Out
                 borrowed.finish(conn, request.job, request.key)
             hooks.before_commit(request.job, request.key)
     except Exception as exc:
-        if stage is Stage.CLAIM:
-            raise  # oncely's own failure (schema, database): the caller reports it
+        if stage is Stage.CLAIM:  # oncely's own failure: the caller reports it
+            raise _translated(alias, exc) from exc
         return Outcome(RunStatus.FAILED, stage, error=exc)
     return RAN
+
+
+def _translated(alias: str, exc: Exception) -> Exception:
+    """A Django database error before the job ran, as an OncelyError (unreachable: the
+    worker waits for the database and retries the slot; `oncely run` exits 2)."""
+    if isinstance(exc, OncelyError) or not isinstance(exc, DjangoDatabaseError):
+        return exc
+    text = mask_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return DatabaseUnavailableError(f"cannot reach Django's database {alias!r}: {text}")
+    return DatabaseError(f"Django's database {alias!r}: {text}")

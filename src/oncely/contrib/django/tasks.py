@@ -25,11 +25,16 @@ from .connection import default_alias, lent
 
 try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskResult, TaskResultStatus
+    from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django 5.2: the django-tasks backport, the same API
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef, unused-ignore]
-    from django_tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[no-redef, unused-ignore]
+    from django_tasks.base import (  # type: ignore[no-redef, unused-ignore]
+        Task,
+        TaskError,
+        TaskResult,
+        TaskResultStatus,
+    )
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef, unused-ignore]
 
 ARGS, KWARGS = "args", "kwargs"
@@ -119,10 +124,19 @@ class TaskBackend(BaseTaskBackend):
             args=list(call.get(ARGS, [])),  # type: ignore[call-overload]
             kwargs=dict(call.get(KWARGS, {})),  # type: ignore[call-overload]
             backend=self.alias,
-            errors=[],
+            errors=_errors(record),
             worker_ids=[record.locked_by] if record.locked_by else [],
         )
         return result
+
+
+def _errors(record: TaskRecord) -> list[TaskError]:
+    """The row's last error (`Type: message`, then its traceback) as Django's TaskError: the
+    only one kept (oncely records the last attempt's error, not each one)."""
+    if not record.error:
+        return []
+    kind = record.error.split(":", 1)[0].strip()
+    return [TaskError(exception_class_path=kind, traceback=record.error)]
 
 
 def enqueue(
@@ -178,7 +192,7 @@ def run_attempt(
     it. Returns what the function returned. The task's own exception propagates (rolled
     back, no ack), for the worker to record the retry.
     """
-    close_old_connections()
+    _close_stale(alias)
     try:
         target = _import(func_path)
         func = target.func if isinstance(target, Task) else target
@@ -194,6 +208,13 @@ def run_attempt(
                 )
         return value
     finally:
+        _close_stale(alias)
+
+
+def _close_stale(alias: str) -> None:
+    """Django's per-request cleanup, for a worker thread: drop connections past their
+    CONN_MAX_AGE or broken; never one inside an atomic block (a caller's transaction)."""
+    if not connections[alias].in_atomic_block:
         close_old_connections()
 
 
