@@ -162,3 +162,18 @@ def test_an_attempt_whose_django_connection_fails_raises_an_oncely_error(
     request = ClaimRequest(job.name, job.key_for(slot), slot, "r1")
     with pytest.raises(DatabaseUnavailableError, match="cannot reach Django's database 'down'"):
         attempt_in_django("down", job, slot, request)
+
+
+def test_call_command_runs_the_same_command_line(
+    alias: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    with override_settings(ONCELY={"APP": "shop.jobs:app", "DATABASE": alias}):
+        call_command("oncely", "run", "leaderboard_close", "--now", T)
+        assert capsys.readouterr().out.startswith("ran")
+        with pytest.raises(SystemExit) as exit_:
+            call_command("oncely", "run", "nope")
+    assert exit_.value.code == 2
+    assert count(alias, "shop_bonus") == 1

@@ -8,6 +8,7 @@ The arguments go to oncely's own command line unchanged, with `--app` set to
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Any
@@ -39,7 +40,8 @@ class Command(BaseCommand):
         cli.main(args=oncely_args(argv[2:]), prog_name=prog, standalone_mode=True)
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("args", nargs="*")
+        # For call_command: everything after the command's name is oncely's.
+        parser.add_argument("args", nargs=argparse.REMAINDER)
 
     def handle(self, *args: str, **options: Any) -> None:
         """`call_command("oncely", "history")`: the same command line; its exit code is
