@@ -36,7 +36,16 @@ def django_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    django.setup()
+    try:
+        django.setup()  # reads the settings module (and its SHOP_* variables) once
+    finally:
+        # Not left in this process's environment: other tests' processes must not inherit
+        # them (the manage.py processes of these tests get them from `manage`).
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     call_command("migrate", verbosity=0)
     call_command("migrate", database="pg", verbosity=0)
     yield env
@@ -44,11 +53,6 @@ def django_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
 
     connections.close_all()
     drop_pg_database(pg_name)
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(params=["default", pytest.param("pg", marks=pytest.mark.postgres)])
