@@ -84,3 +84,8 @@ class RetryDecisionError(BadInputError, TypeError):
 
 class FakeProviderError(ConfigError, RuntimeError):
     """The fake provider is not set up: use the fake_provider fixture."""
+
+
+class LeaseLostError(OncelyError):
+    """The task's ack matched no row: its lease was lost (another worker took it over, it
+    was discarded, or it expired), so the attempt's work was rolled back."""

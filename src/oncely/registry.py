@@ -15,6 +15,7 @@ from .schedule import Schedule, default_key
 
 JobFunc = Callable[[Any, datetime], Awaitable[None] | None]
 KeyFunc = Callable[[datetime], str]
+AttemptFunc = Callable[..., Awaitable[Any]]
 CatchUp = Literal["latest", "all", "none"]
 Overlap = Literal["skip", "allow"]
 
@@ -38,6 +39,10 @@ class Job:
     """Slots later than this are not run by the worker but reported missed; None: no limit."""
     overlap: Overlap = "skip"
     """Whether a slot may start while the job's previous slot is still running."""
+    attempt: AttemptFunc | None = None
+    """How one attempt runs when its transaction is not oncely's session but a framework's
+    (Django's): `await attempt(store, job, slot, request)` returns the runner's Outcome.
+    None: the runner opens the session, claims, calls `func(db, now)` and commits."""
 
     @property
     def is_async(self) -> bool:
@@ -63,17 +68,17 @@ class Job:
         return key
 
 
-def _check_signature(name: str, func: Callable[..., Any]) -> None:
+def _check_signature(name: str, func: Callable[..., Any], arity: int = 2) -> None:
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"job {name!r}: cannot read the function's signature") from exc
     try:
-        sig.bind(object(), object())
+        sig.bind(*(object() for _ in range(arity)))
     except TypeError as exc:
+        what = "two arguments (db, now)" if arity == 2 else "one argument (now)"
         raise ConfigError(
-            f"job {name!r}: the function must accept two arguments (db, now); "
-            f"its signature is {name}{sig}"
+            f"job {name!r}: the function must accept {what}; its signature is {name}{sig}"
         ) from exc
 
 
@@ -128,8 +133,12 @@ class Registry:
         catch_up: str = "latest",
         grace: timedelta | None = None,
         overlap: str = "skip",
+        attempt: AttemptFunc | None = None,
     ) -> Job:
-        """Validate and register a job; raise ConfigError naming the job if anything is off."""
+        """Validate and register a job; raise ConfigError naming the job if anything is off.
+
+        `attempt`: see `Job.attempt` (then `func` is handed the slot's time alone: `f(now)`).
+        """
         job_name = self.check_name(name or getattr(func, "__name__", ""))
         if not isinstance(schedule, Schedule):
             raise ConfigError(
@@ -143,7 +152,7 @@ class Registry:
             raise ConfigError(f"job {job_name!r}: {func!r} is not callable")
         if key is not None and not callable(key):
             raise ConfigError(f"job {job_name!r}: key= must be a function of the slot time")
-        _check_signature(job_name, func)
+        _check_signature(job_name, func, 1 if attempt is not None else 2)
         _check_policy(job_name, catch_up, grace, overlap)
         if job_name in self._jobs:
             raise ConfigError(f"job {job_name!r} is registered twice")
@@ -154,7 +163,7 @@ class Registry:
             raise ConfigError(
                 f"jobs {other!r} and {job_name!r} share one advisory-lock key: rename one of them"
             )
-        job = Job(job_name, schedule, func, key, catch_up, grace, overlap)  # type: ignore[arg-type]
+        job = Job(job_name, schedule, func, key, catch_up, grace, overlap, attempt)  # type: ignore[arg-type]
         self._jobs[job_name] = job
         self._lock_keys[lock_key] = job_name
         return job

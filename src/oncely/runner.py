@@ -247,7 +247,13 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
 
 
 async def attempt_slot(store: Store, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
-    """Claim → call → commit for one slot, in a session of its own; what it came to."""
+    """Claim → call → commit for one slot, in a session of its own; what it came to.
+
+    A job whose transaction is a framework's (`Job.attempt`) runs the same three steps there.
+    """
+    if job.attempt is not None:
+        framework: Outcome = await job.attempt(store, job, slot, request)
+        return framework
     async with store.attempt() as session:
         outcome = await _claim(store, session, request)
         if outcome is None:

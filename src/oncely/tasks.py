@@ -373,3 +373,8 @@ class TaskRegistry:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+report_enqueued = _report
+"""The events of an enqueue's records (`task.enqueued`, `task.duplicate`), for producers
+outside this module (Django's task backend)."""

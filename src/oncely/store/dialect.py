@@ -18,6 +18,7 @@ from sqlalchemy.sql.dml import Insert
 
 from .. import clock
 from . import sql, tasks_sql
+from .plan import Plan, Step
 
 MISSING_TABLES = (
     "oncely's tables are missing: run `oncely migrate` (or include "
@@ -137,6 +138,13 @@ class Dialect(abc.ABC):
         run_at, delay = tasks_sql.enqueue_times()
         return tasks_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
 
+    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
+        """The statements of `lock_and_claim` once its transaction is open: on a database
+        whose write lock is the slot's lock (SQLite) the claim alone."""
+        params = {**request.claim_params(), **self.now_params()}
+        row = (yield self.claim_statement, params).first()
+        return ClaimOutcome.CLAIMED if row is not None else ClaimOutcome.TAKEN
+
     @abc.abstractmethod
     async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
         """In the session's new transaction: take the slot's lock without waiting, then claim.
@@ -197,9 +205,21 @@ class Dialect(abc.ABC):
         """Whether an exception is the driver's own (raised by statements sent on it)."""
         return False
 
-    @abc.abstractmethod
-    async def lock_migrations(self, conn: AsyncConnection) -> None:
-        """Serialize concurrent `migrate` calls (several replicas starting at once)."""
+    def migration_lock(self) -> Step | None:
+        """The statement that serializes concurrent `migrate` calls (several replicas
+        starting at once), in the migration's transaction; None: its BEGIN already does."""
+        return None
+
+    # -- a connection oncely borrows (Django's), inside its owner's transaction ------------
+
+    def foreign_driver(self, dbapi_connection: object) -> str:
+        """SQLAlchemy's name for the driver of a DB-API connection oncely does not own."""
+        raise NotImplementedError
+
+    def foreign_cursor(self, cursor: Any) -> Any:
+        """A cursor of a borrowed connection, made to return values as SQLAlchemy expects
+        them from this driver (its owner may have changed the connection's conversions)."""
+        return cursor
 
     @abc.abstractmethod
     def is_missing_table(self, exc: BaseException) -> bool:

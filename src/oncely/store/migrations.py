@@ -7,8 +7,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from . import sql
 from .dialects import dialect_for
-from .tables import runs, tasks, workers
+from .tables import runs, schema_versions, tasks, workers
 
 
 def _v1_runs(conn: Connection) -> None:
@@ -54,3 +55,24 @@ REQUIRED = 2
 """The oldest schema this oncely runs on. v3 changes only indexes, and this oncely's
 statements work with v2's as well: upgrade every process first, then `oncely migrate` (an
 older oncely cannot enqueue on v3, whose key index its conflict target does not name)."""
+
+
+def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> list[int]:
+    """Apply the migrations the database lacks, in the connection's open transaction (which
+    the caller commits); the versions applied. `too_new(version)` is raised for a schema
+    newer than LATEST. `oncely migrate` and the Django app's migration both run this."""
+    dialect = dialect_for(conn.dialect.name)
+    lock = dialect.migration_lock()
+    if lock is not None:
+        conn.execute(*lock)
+    schema_versions.create(conn, checkfirst=True)
+    current = conn.execute(sql.schema_version()).scalar() or 0
+    if current > LATEST:
+        raise too_new(current)
+    applied: list[int] = []
+    for version, _what, step in MIGRATIONS:
+        if version > current:
+            step(conn)
+            conn.execute(sql.record_version(version, dialect.now()))
+            applied.append(version)
+    return applied

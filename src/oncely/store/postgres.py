@@ -16,7 +16,9 @@ from typing import Any, NamedTuple, NoReturn
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, registry
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import await_only
@@ -25,6 +27,7 @@ from ..errors import BadInputError, ConfigError, DatabaseError, SchemaMissingErr
 from ..locks import job_lock_key, slot_lock_key
 from . import sql
 from .dialect import MISSING_TABLES, ClaimOutcome, ClaimRequest, Dialect
+from .plan import Plan, Step, run_async
 from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
 
@@ -255,48 +258,55 @@ class PostgresDialect(Dialect):
     def now(self) -> Any:
         return sa.func.clock_timestamp()
 
-    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
-        driver = attempt_driver(session)
+    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
         job, key = request.job, request.key
         slot_hi, slot_lo = slot_lock_key(job, key)
         job_hi, job_lo = job_lock_key(job)
-        if driver is None:
-            params = {
-                "slot_hi": slot_hi,
-                "slot_lo": slot_lo,
-                "exclusive": request.exclusive,
-                "job_hi": job_hi,
-                "job_lo": job_lo,
-                **request.claim_params(),
-            }
-            row: Any = (await session.execute(LOCK_AND_CLAIM, params)).one()
-            got, job_free, claimed = row.got, row.job_free, row.claimed
-        else:
-            row = await driver.fetchrow(
-                DRIVER_LOCK_AND_CLAIM,
-                slot_hi,
-                slot_lo,
-                request.exclusive,
-                job_hi,
-                job_lo,
-                job,
-                key,
-                request.scheduled_for,
-                request.claimed_by,
-            )
-            got, job_free, claimed = row["got"], row["job_free"], row["claimed"]
-            if claimed:
-                mark_claimed(session, job, key)
-        if not got:
+        params = {
+            "slot_hi": slot_hi,
+            "slot_lo": slot_lo,
+            "exclusive": request.exclusive,
+            "job_hi": job_hi,
+            "job_lo": job_lo,
+            **request.claim_params(),
+        }
+        row: Any = (yield LOCK_AND_CLAIM, params).one()
+        if not row.got:
             return ClaimOutcome.BUSY
-        if not job_free:
+        if not row.job_free:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
-            if driver is None:
-                taken = (await session.execute(sql.get_claim(job, key))).first() is not None
-            else:
-                taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
+            taken = (yield sql.get_claim(job, key), None).first() is not None
             return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
-        return ClaimOutcome.CLAIMED if claimed else ClaimOutcome.TAKEN
+        return ClaimOutcome.CLAIMED if row.claimed else ClaimOutcome.TAKEN
+
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+        driver = attempt_driver(session)
+        if driver is None:
+            return await run_async(session, self.lock_and_claim_plan(request))
+        job, key = request.job, request.key
+        slot_hi, slot_lo = slot_lock_key(job, key)
+        job_hi, job_lo = job_lock_key(job)
+        row = await driver.fetchrow(
+            DRIVER_LOCK_AND_CLAIM,
+            slot_hi,
+            slot_lo,
+            request.exclusive,
+            job_hi,
+            job_lo,
+            job,
+            key,
+            request.scheduled_for,
+            request.claimed_by,
+        )
+        if row["claimed"]:
+            mark_claimed(session, job, key)
+        if not row["got"]:
+            return ClaimOutcome.BUSY
+        if not row["job_free"]:
+            # Another slot of the job is running; unless this slot ran before, that overlaps.
+            taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
+            return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
+        return ClaimOutcome.CLAIMED if row["claimed"] else ClaimOutcome.TAKEN
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         if engine.dialect.driver != "asyncpg":
@@ -367,8 +377,8 @@ class PostgresDialect(Dialect):
     async def rollback_task(self, driver: Any) -> None:
         await self.rollback_attempt(driver)
 
-    async def lock_migrations(self, conn: AsyncConnection) -> None:
-        await conn.execute(
+    def migration_lock(self) -> Step | None:
+        return (
             sa.text("SELECT pg_advisory_xact_lock(:ns, :id)"),
             {"ns": LOCK_NAMESPACE, "id": _MIGRATION_LOCK},
         )
@@ -418,6 +428,25 @@ class PostgresDialect(Dialect):
     def tasks_ddl(self) -> Sequence[str]:
         return TASKS_NOTIFY_DDL
 
+    def foreign_driver(self, dbapi_connection: object) -> str:
+        module = type(dbapi_connection).__module__
+        return LENT_PSYCOPG2 if module.startswith("psycopg2") else LENT_PSYCOPG
+
+    def foreign_cursor(self, cursor: Any) -> Any:
+        # Django has its connection return json and jsonb as text (its JSONField decodes it);
+        # this cursor decodes them as the driver does by default, which SQLAlchemy expects.
+        if type(cursor).__module__.startswith("psycopg2"):
+            import psycopg2.extras
+
+            psycopg2.extras.register_default_json(cursor, loads=json.loads)
+            psycopg2.extras.register_default_jsonb(cursor, loads=json.loads)
+            return cursor
+        from psycopg.types.json import JsonbLoader, JsonLoader
+
+        cursor.adapters.register_loader("json", JsonLoader)
+        cursor.adapters.register_loader("jsonb", JsonbLoader)
+        return cursor
+
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
@@ -442,6 +471,30 @@ class PostgresDialect(Dialect):
 
     def is_driver_error(self, exc: BaseException) -> bool:
         return isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError))
+
+
+# SQLAlchemy's drivers for a connection oncely borrows (store/borrowed.py): the same, without
+# their connect hooks, which would change the owner's connection for good (psycopg2's UUID
+# typecaster, psycopg's notice handler).
+LENT_PSYCOPG, LENT_PSYCOPG2 = "oncely_lent_psycopg", "oncely_lent_psycopg2"
+
+
+class LentPsycopg(PGDialect_psycopg):
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:
+        return None
+
+
+class LentPsycopg2(PGDialect_psycopg2):
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:
+        return None
+
+
+registry.register(f"postgresql.{LENT_PSYCOPG}", __name__, "LentPsycopg")
+registry.register(f"postgresql.{LENT_PSYCOPG2}", __name__, "LentPsycopg2")
 
 
 TASKS_CHANNEL = "oncely_tasks"

@@ -12,17 +12,20 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import registry, sqlite
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from .. import clock
 from . import sql
 from .dialect import ClaimOutcome, ClaimRequest, Dialect
+from .plan import run_async
 
 BUSY_MS_OPTION = "oncely_busy_ms"
 """Execution option: how long BEGIN IMMEDIATE may wait for the write lock, in milliseconds."""
@@ -112,6 +115,27 @@ def _on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
         dbapi_connection.rollback()
 
 
+def _as_text(_cursor: Any, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row with the datetimes a connection's converters made turned back into SQLite's
+    text for them (what SQLAlchemy's DateTime reads)."""
+    return tuple(v.isoformat(" ") if isinstance(v, datetime) else v for v in row)
+
+
+# SQLAlchemy's stdlib driver for a connection oncely borrows (store/borrowed.py), without its
+# connect hook: its REGEXP and floor() would replace the owner's (Django registers its own).
+LENT_PYSQLITE = "oncely_lent_pysqlite"
+
+
+class LentPysqlite(SQLiteDialect_pysqlite):
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:  # type: ignore[override]
+        return None
+
+
+registry.register(f"sqlite.{LENT_PYSQLITE}", __name__, "LentPysqlite")
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
 
@@ -155,16 +179,22 @@ class SQLiteDialect(Dialect):
             # The first use of the session opens its transaction: BEGIN IMMEDIATE, waiting
             # at most busy_ms for the write lock (see _on_begin).
             await session.connection(execution_options={BUSY_MS_OPTION: request.busy_ms})
-            params = {**request.claim_params(), **self.now_params()}
-            row = (await session.execute(self.claim_statement, params)).first()
+            return await run_async(session, self.lock_and_claim_plan(request))
         except sa.exc.OperationalError as exc:
             if self.is_busy(exc):
                 return ClaimOutcome.BUSY
             raise
-        return ClaimOutcome.CLAIMED if row is not None else ClaimOutcome.TAKEN
 
-    async def lock_migrations(self, conn: AsyncConnection) -> None:
-        return None  # BEGIN IMMEDIATE already serializes writers
+    # migration_lock: none, BEGIN IMMEDIATE already serializes writers.
+
+    def foreign_driver(self, dbapi_connection: object) -> str:
+        return LENT_PYSQLITE
+
+    def foreign_cursor(self, cursor: Any) -> Any:
+        # Django's connection parses declared DATETIME columns itself (detect_types); hand
+        # SQLAlchemy the text it parses, as the stdlib driver returns it by default.
+        cursor.row_factory = _as_text
+        return cursor
 
     def is_missing_table(self, exc: BaseException) -> bool:
         return "no such table: oncely_" in str(exc)

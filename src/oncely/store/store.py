@@ -43,7 +43,7 @@ from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
-from .migrations import LATEST, MIGRATIONS, REQUIRED
+from .migrations import LATEST, REQUIRED, apply_migrations
 from .outcome import task_landed
 from .plan import run, run_async
 from .session import (
@@ -54,7 +54,6 @@ from .session import (
     hand_back,
     set_attempt_driver,
 )
-from .tables import schema_versions
 from .task_pool import TaskPool
 from .urls import normalize_url, sync_url
 
@@ -219,19 +218,9 @@ class Store:
 
     async def migrate(self) -> list[int]:
         """Apply the migrations this database lacks, in one transaction; the versions applied."""
-        applied: list[int] = []
         with self.translate():
             async with self.engine.begin() as conn:
-                await self.dialect.lock_migrations(conn)
-                await conn.run_sync(schema_versions.create, checkfirst=True)
-                current = (await conn.execute(sql.schema_version())).scalar() or 0
-                if current > LATEST:
-                    raise self._too_new(current)
-                for version, _what, step in MIGRATIONS:
-                    if version > current:
-                        await conn.run_sync(step)
-                        await conn.execute(sql.record_version(version, self.dialect.now()))
-                        applied.append(version)
+                applied = await conn.run_sync(apply_migrations, self._too_new)
         self._schema_checked = True
         return applied
 

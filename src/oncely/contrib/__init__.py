@@ -1,0 +1,1 @@
+"""Integrations with frameworks that own their database connection (Django)."""

@@ -1,0 +1,91 @@
+"""Read-only admin pages for slot claims and tasks; retry and discard as actions.
+
+The actions call the same functions as `oncely tasks retry ID` / `oncely tasks discard ID`
+(on the database of `ONCELY["DATABASE"]`), one task at a time; a task in a state that cannot be
+retried or discarded is reported and left as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.contrib import admin, messages
+
+from ... import queue
+from ...app import Oncely as CoreOncely
+from ...errors import OncelyError
+from ...model import TaskRecord
+from .app import Oncely
+from .models import SlotClaim, TaskRow
+
+
+class ReadOnly(admin.ModelAdmin):
+    """Nothing is added, changed or deleted here: oncely writes these tables."""
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(SlotClaim)
+class SlotClaimAdmin(ReadOnly):
+    list_display = ("job", "key", "scheduled_for", "claimed_at", "claimed_by", "finished_at")
+    list_display_links = None
+    list_filter = ("job",)
+    search_fields = ("job", "key", "claimed_by")
+
+
+def _each(
+    modeladmin: admin.ModelAdmin,
+    request: Any,
+    ids: list[int],
+    change: Callable[[CoreOncely, int], Awaitable[TaskRecord]],
+    done: str,
+) -> None:
+    async def go() -> list[tuple[int, str | None]]:
+        app = Oncely()  # the configured database; retry and discard need no registry
+        out: list[tuple[int, str | None]] = []
+        try:
+            for task_id in ids:
+                try:
+                    await change(app, task_id)
+                    out.append((task_id, None))
+                except OncelyError as exc:
+                    out.append((task_id, str(exc)))
+        finally:
+            await app.aclose()
+        return out
+
+    for task_id, error in asyncio.run(go()):
+        if error is None:
+            modeladmin.message_user(request, f"task {task_id} {done}", messages.SUCCESS)
+        else:
+            modeladmin.message_user(request, error, messages.ERROR)
+
+
+@admin.action(description="Retry the selected tasks now (oncely tasks retry)")
+def retry(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
+    ids = list(queryset.values_list("id", flat=True))
+    _each(modeladmin, request, ids, queue.retry_task, "is available again")
+
+
+@admin.action(description="Discard the selected tasks (oncely tasks discard)")
+def discard(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
+    ids = list(queryset.values_list("id", flat=True))
+    _each(modeladmin, request, ids, queue.discard_task, "discarded")
+
+
+@admin.register(TaskRow)
+class TaskRowAdmin(ReadOnly):
+    list_display = ("id", "task", "queue", "state", "attempt", "run_at", "finished_at", "error")
+    list_filter = ("state", "queue", "task")
+    search_fields = ("task", "idempotency_key")
+    readonly_fields = tuple(f.name for f in TaskRow._meta.fields)
+    actions = (retry, discard)

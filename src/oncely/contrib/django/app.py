@@ -1,0 +1,147 @@
+"""`Oncely` for Django: scheduled jobs `def job(now)` that use the ORM, configured from settings.
+
+Each attempt runs in a worker thread inside `transaction.atomic(using=...)` on Django's
+connection: the slot's claim first (oncely's lock-and-claim statement on that connection, so
+a loser moves on at once on Postgres), then the job, then the stamp of its end; the block's
+commit lands the ORM work and the claim together, and any exception rolls both back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from django.db import DatabaseError as DjangoDatabaseError
+from django.db import InterfaceError, OperationalError, close_old_connections, transaction
+
+from ... import app as core
+from ... import hooks
+from ...errors import DatabaseError, DatabaseUnavailableError, OncelyError
+from ...masking import mask_secrets
+from ...model import RunStatus
+from ...registry import Job
+from ...runner import RAN, Outcome, Stage, not_claimed
+from ...schedule import Schedule
+from ...store import ClaimOutcome, ClaimRequest, Store, borrowed
+from .connection import database_url, default_alias, lent
+
+F = TypeVar("F", bound=Callable[[datetime], Any])
+
+_NOT_CLAIMED = {
+    ClaimOutcome.BUSY: RunStatus.BUSY,
+    ClaimOutcome.OVERLAP: RunStatus.OVERLAP,
+    ClaimOutcome.TAKEN: RunStatus.SKIPPED,
+}
+
+
+class Oncely(core.Oncely):
+    """An oncely app on a Django database (`using`, default `ONCELY["DATABASE"]` or
+    "default"): jobs are `def job(now)` using the ORM; oncely's own reads and the worker's
+    loops connect to the same database with the credentials in `settings.DATABASES`."""
+
+    def __init__(self, using: str | None = None, **options: Any) -> None:
+        super().__init__("sqlite://", **options)  # the real URL is read from settings on use
+        self.using = using
+        self._url_given = False
+
+    @property
+    def alias(self) -> str:
+        """The Django database alias this app's jobs and claims use."""
+        return self.using or default_alias()
+
+    def use_database(self, database: core.Database) -> None:
+        super().use_database(database)
+        self._url_given = True
+
+    @property
+    def store(self) -> Store:
+        if self._store is None and not self._url_given:
+            self._database = database_url(self.alias)
+        return super().store
+
+    def job(  # type: ignore[override]
+        self,
+        schedule: Schedule,
+        *,
+        name: str | None = None,
+        key: Callable[[datetime], str] | None = None,
+        catch_up: str = "latest",
+        grace: timedelta | None = None,
+        overlap: str = "skip",
+    ) -> Callable[[F], F]:
+        """Register `f(now)` to run once per slot of `schedule`, inside
+        `transaction.atomic(using=alias)` with the slot's claim; returning commits the ORM
+        work and the claim, raising rolls both back and frees the slot."""
+
+        def register(func: F) -> F:
+            self.registry.add_job(
+                schedule,
+                func,  # type: ignore[arg-type]  # f(now): its attempt calls it so
+                name=name,
+                key=key,
+                catch_up=catch_up,
+                grace=grace,
+                overlap=overlap,
+                attempt=self._attempt,
+            )
+            return func
+
+        return register
+
+    async def _attempt(
+        self, store: Store, job: Job, slot: datetime, request: ClaimRequest
+    ) -> Outcome:
+        return await asyncio.to_thread(attempt_in_django, self.alias, job, slot, request)
+
+
+def attempt_in_django(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
+    """One attempt at a slot on Django's connection `alias`: claim → call → commit."""
+    close_old_connections()
+    try:
+        return _attempt(alias, job, slot, request)
+    finally:
+        close_old_connections()
+
+
+def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
+    with lent(alias, f"job {request.job!r}") as conn:
+        answer = borrowed.lock_and_claim(conn, request)
+        if answer is ClaimOutcome.CLAIMED:
+            return None
+        taken = answer is ClaimOutcome.TAKEN
+        claim = borrowed.claim_in(conn, request.job, request.key) if taken else None
+    transaction.set_rollback(True, using=alias)
+    return not_claimed(_NOT_CLAIMED[answer], claim)
+
+
+def _attempt(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
+    stage = Stage.CLAIM
+    try:
+        with transaction.atomic(using=alias):
+            outcome = _claim(alias, request)
+            if outcome is not None:
+                return outcome
+            stage = Stage.CALL
+            job.func(slot)  # type: ignore[call-arg, misc]
+            stage = Stage.COMMIT
+            with lent(alias, f"job {request.job!r}") as conn:
+                borrowed.finish(conn, request.job, request.key)
+            hooks.before_commit(request.job, request.key)
+    except Exception as exc:
+        if stage is Stage.CLAIM:  # oncely's own failure: the caller reports it
+            raise _translated(alias, exc) from exc
+        return Outcome(RunStatus.FAILED, stage, error=exc)
+    return RAN
+
+
+def _translated(alias: str, exc: Exception) -> Exception:
+    """A Django database error before the job ran, as an OncelyError (unreachable: the
+    worker waits for the database and retries the slot; `oncely run` exits 2)."""
+    if isinstance(exc, OncelyError) or not isinstance(exc, DjangoDatabaseError):
+        return exc
+    text = mask_secrets(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return DatabaseUnavailableError(f"cannot reach Django's database {alias!r}: {text}")
+    return DatabaseError(f"Django's database {alias!r}: {text}")

@@ -1,0 +1,87 @@
+"""oncely's tables as unmanaged models: read by the admin pages, written only by oncely.
+
+The tables are created by this app's migration (which runs `oncely migrate`'s own steps);
+Django never alters them (`managed = False`). Changes go through oncely's API (the admin's
+actions call the same functions as `oncely tasks retry` / `discard`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from ...model import TaskRecord, TaskState
+
+
+class SlotClaim(models.Model):
+    """One claimed slot (or effect key): who ran it, when, and when it finished."""
+
+    # The table's primary key is (job, key); the admin needs one column: the list pages
+    # never open a single row by it.
+    job = models.CharField(max_length=200, primary_key=True)
+    key = models.CharField(max_length=200)
+    scheduled_for = models.DateTimeField(null=True)
+    claimed_at = models.DateTimeField()
+    claimed_by = models.CharField(max_length=255)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "oncely_runs"
+        ordering = ("-claimed_at",)
+        verbose_name = "slot claim"
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.key}"
+
+
+class TaskRow(models.Model):
+    """One row of oncely's task queue."""
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.CharField(max_length=200)
+    queue = models.CharField(max_length=100)
+    args = models.JSONField()
+    state = models.CharField(max_length=16)
+    attempt = models.IntegerField()
+    run_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    idempotency_key = models.CharField(max_length=255, null=True)
+    lease_token = models.CharField(max_length=64, null=True)
+    locked_by = models.CharField(max_length=255, null=True)
+    started_at = models.DateTimeField(null=True)
+    lease_expires_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    error = models.TextField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "oncely_tasks"
+        ordering = ("-id",)
+        verbose_name = "task"
+
+    def __str__(self) -> str:
+        return f"{self.task} #{self.id}"
+
+    def record(self) -> TaskRecord:
+        """The row as oncely's TaskRecord."""
+        fields: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in (
+                "id",
+                "task",
+                "queue",
+                "args",
+                "attempt",
+                "run_at",
+                "created_at",
+                "idempotency_key",
+                "started_at",
+                "finished_at",
+                "locked_by",
+                "lease_expires_at",
+                "error",
+            )
+        }
+        return TaskRecord(state=TaskState(self.state), **fields)
