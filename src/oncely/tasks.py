@@ -34,6 +34,8 @@ from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import Store, task_store
 
 TaskFunc = Callable[..., Awaitable[Any] | Any]
+SyncAttempt = Callable[[Any, Any, dict[str, Any], Any], "bool | None"]
+"""`attempt(item, ack_statement, ack_params, fence)`: see `TaskRegistry.add`."""
 RESERVED = ("idempotency_key", "run_at", "delay")
 """Keyword names `enqueue` keeps for itself; a task function may not take them."""
 
@@ -83,13 +85,17 @@ class Task:
         retry: RetryPolicy,
         queue: str,
         timeout: float | None,
+        attempt: SyncAttempt | None = None,
     ) -> None:
         self.func = func
         self.name = name
         self.retry = retry
         self.queue = queue
         self.timeout = timeout
-        self.is_async = inspect.iscoroutinefunction(func)
+        self.attempt = attempt
+        """How the worker runs one attempt in its thread, when not on oncely's own session
+        (a framework's transaction: Django's), else None."""
+        self.is_async = attempt is None and inspect.iscoroutinefunction(func)
         self._signature = inspect.signature(func)
         self._bindable: set[frozenset[str]] = set()
         self.__doc__ = func.__doc__
@@ -326,8 +332,17 @@ class TaskRegistry:
         retry: RetryPolicy | None = None,
         queue: str = "default",
         timeout: float | timedelta | None = None,
+        attempt: SyncAttempt | None = None,
     ) -> Task:
-        """Validate and register a task; ConfigError naming the task if anything is off."""
+        """Validate and register a task; ConfigError naming the task if anything is off.
+
+        `attempt` (for integrations): run each attempt with `attempt(item, ack_statement,
+        ack_params, fence)` in a worker thread instead of calling `func(db, **args)` on
+        oncely's session. It must run the task and the ack (`ack_statement` with
+        `ack_params`: a compare-and-set that matches one row iff the lease is still held) in
+        one transaction of its own, commit only while holding `fence.lock` with
+        `fence.closed` false, and return True (committed), False (the ack matched no row:
+        rolled back) or raise the task's error (rolled back)."""
         task_name = name or getattr(func, "__name__", "")
         if not isinstance(task_name, str) or not _NAME.match(task_name):
             raise ConfigError(
@@ -343,7 +358,8 @@ class TaskRegistry:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
                 raise ConfigError(f"task {task_name!r}: timeout must be > 0 seconds")
-        _check_function(task_name, func)
+        if attempt is None:
+            _check_function(task_name, func)
         if task_name in self._tasks:
             raise ConfigError(f"task {task_name!r} is registered twice")
         task = Task(
@@ -352,6 +368,7 @@ class TaskRegistry:
             retry=retry or DEFAULT_POLICY,
             queue=queue,
             timeout=None if seconds is None else float(seconds),
+            attempt=attempt,
         )
         self._tasks[task_name] = task
         return task

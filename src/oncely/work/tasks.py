@@ -311,10 +311,20 @@ class TaskWorker:
             size = min(self.options.concurrency, self.options.pool_size)
             self._threads = ThreadPoolExecutor(size, thread_name_prefix="oncely-task")
         fence = Fence()
-        call = functools.partial(
-            run_sync_attempt, self.store.tasks, task.func, item, fence, eager=eager
+        call: Any
+        if task.attempt is not None:  # an integration's own transaction (Django's)
+            params = {"p_ids": [item.id], "p_token": item.token}
+            params.update(self.store.dialect.now_params())
+            call = functools.partial(
+                task.attempt, item, self.store.tasks.ack_statement, params, fence
+            )
+        else:
+            call = functools.partial(
+                run_sync_attempt, self.store.tasks, task.func, item, fence, eager=eager
+            )
+        future: asyncio.Future[bool | None] = asyncio.get_running_loop().run_in_executor(
+            self._threads, call
         )
-        future = asyncio.get_running_loop().run_in_executor(self._threads, call)
         future.add_done_callback(_retrieved)
         try:
             if task.timeout is None:
