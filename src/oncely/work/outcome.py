@@ -125,21 +125,46 @@ def event(outcome: Outcome) -> Event:
     item = outcome.item
     if isinstance(outcome, Succeeded):
         fields = _fields(item, duration_ms=round(outcome.duration * 1000, 1))
-        return ("task.succeeded", "succeeded", logging.DEBUG, fields)
+        return (
+            "task.succeeded",
+            "succeeded",
+            logging.DEBUG,
+            fields,
+        )
     if isinstance(outcome, Retried):
         fields = _fields(item, **_failure(outcome.duration, outcome.error))
         fields["wait"] = round(outcome.wait, 3)
-        return ("task.retry", "failed; rolled back, will retry", logging.WARNING, fields)
+        return (
+            "task.retry",
+            "failed; rolled back, will retry",
+            logging.WARNING,
+            fields,
+        )
     if isinstance(outcome, Discarded):
         fields = _fields(item, **_failure(outcome.duration, outcome.error))
-        return ("task.discarded", "failed with a discard_on error", logging.INFO, fields)
+        return (
+            "task.discarded",
+            "failed with a discard_on error",
+            logging.INFO,
+            fields,
+        )
     if isinstance(outcome, Dead):
         if outcome.error is None:
             fields = _fields(item, error=outcome.text)
-            return ("task.dead", outcome.reason, logging.ERROR, fields)
+            return (
+                "task.dead",
+                outcome.reason,
+                logging.ERROR,
+                fields,
+            )
         fields = _fields(item, **_failure(outcome.duration, outcome.error))
         fields["reason"] = outcome.reason
-        return ("task.dead", f"failed; {outcome.reason}; kept as dead", logging.ERROR, fields)
+        return (
+            "task.dead",
+            f"failed; {outcome.reason}; kept as dead",
+            logging.ERROR,
+            fields,
+        )
     return (
         "task.lease_lost",
         "another worker took this task over; this attempt rolled back",
