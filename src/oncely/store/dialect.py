@@ -274,11 +274,6 @@ class Dialect(abc.ABC):
         """
         return contextlib.nullcontext(False)
 
-    def savepoint_sql(self, connection: Connection, statement: str) -> None:
-        """Send a SAVEPOINT / ROLLBACK TO SAVEPOINT `statement` in the connection's open
-        transaction, from synchronous code (a session event): a task's savepoint."""
-        connection.exec_driver_sql(statement)
-
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a driver error means another transaction holds the lock we asked for."""
         return False

@@ -403,16 +403,6 @@ class PostgresDialect(Dialect):
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         return _listen(engine, on_notify)
 
-    def savepoint_sql(self, connection: Connection, statement: str) -> None:
-        # On asyncpg, once SQLAlchemy has begun the transaction (the batch's first savepoint
-        # begins it), straight to the driver: a third of the CPU of exec_driver_sql, and a
-        # worker running tasks that write is CPU-bound on it (one per task).
-        driver = getattr(connection.connection, "driver_connection", None)
-        if isinstance(driver, asyncpg.Connection) and driver.is_in_transaction():
-            await_only(driver.execute(statement))
-        else:
-            connection.exec_driver_sql(statement)
-
     def owns_connection(self, conn: object) -> bool:
         return isinstance(conn, asyncpg.Connection)
 
