@@ -111,7 +111,8 @@ class Store:
         time, never waiting behind tasks). On a user's own engine, both take its connections."""
         check = self.dialect.task_connection_ok
         if not self._owns_engine or not isinstance(self.engine.sync_engine.pool, QueuePool):
-            return TaskPool(self.dialect.task_engine(self.engine), pool_size, check), self.engine
+            shared = TaskPool(self.dialect.task_engine(self.engine), pool_size, check, keep=False)
+            return shared, self.engine
         lent = create_async_engine(
             self.engine.url, poolclass=NullPool, **self.dialect.lane_options()
         )

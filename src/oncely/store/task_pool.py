@@ -23,12 +23,16 @@ Check = Callable[[AsyncConnection, float], Awaitable[bool]]
 
 
 class TaskPool:
-    """Connections of `engine` (which must not pool them itself), at most `size` lent at once."""
+    """Connections of `engine`, at most `size` lent at once."""
 
-    def __init__(self, engine: AsyncEngine, size: int, check: Check) -> None:
+    def __init__(self, engine: AsyncEngine, size: int, check: Check, *, keep: bool = True) -> None:
         self.engine = engine
         self.size = size
         self._check = check
+        self._keep = keep
+        """Keep connections open between tasks (an engine of oncely's own); False: give each
+        back to the engine's pool when its task ends (a user's engine, whose pool serves
+        the app's requests too)."""
         self._free = asyncio.Semaphore(size)
         self._idle: list[tuple[AsyncConnection, float]] = []
         self.lent = 0
@@ -60,12 +64,22 @@ class TaskPool:
         """Take a connection back after its task's transaction ended (committed or not)."""
         self.lent -= 1
         try:
-            if await self._check(conn, 0.0):
+            if self._keep and await self._check(conn, 0.0):
                 self._idle.append((conn, time.monotonic()))
             else:
                 await _close(conn)
         finally:
             self._free.release()
+
+    async def trim(self, idle_s: float) -> int:
+        """Close the connections idle for more than `idle_s` seconds (a burst is over: the
+        worker keeps no more connections than its tasks use); how many were closed."""
+        now = time.monotonic()
+        stale = [(c, t) for c, t in self._idle if now - t > idle_s]
+        self._idle = [(c, t) for c, t in self._idle if now - t <= idle_s]
+        for conn, _since in stale:
+            await _close(conn)
+        return len(stale)
 
     async def close(self) -> None:
         """Close the idle connections (those still lent close when given back)."""

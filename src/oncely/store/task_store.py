@@ -493,13 +493,14 @@ class TaskStore:
     async def settle(
         self, settles: Sequence[Settle], engine: AsyncEngine | None = None
     ) -> set[int]:
-        """Write many tasks' acks, retries and ends in one transaction, each iff the task's
-        lease is still ours; the ids written (a missing id lost its lease)."""
+        """Write many tasks' acks, retries and ends, each iff the task's lease is still ours
+        (on a worker's control connection, each statement is its own transaction and does
+        not wait for the disk: none of these tasks changed the database); the ids written (a
+        missing id lost its lease)."""
         done: set[int] = set()
         acks = [s.item for s in settles if s.state is TaskState.SUCCEEDED]
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
-                await self.dialect.durable(conn)  # an ack is as durable as a task's commit
                 for token, ids in _by_token(acks).items():
                     params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
                     done.update(r.id for r in await conn.execute(self.ack_statement, params))

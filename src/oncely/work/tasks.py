@@ -48,6 +48,9 @@ from .outcome import (
 
 logger = logging.getLogger("oncely")
 
+POOL_IDLE_S = 5.0
+"""Seconds a connection of the pool may stay idle before the worker closes it: after a
+burst, the worker goes back to holding only the connections its tasks use."""
 ANNOUNCE_EVERY = 10.0
 """Seconds between a worker's signs of life in `oncely_workers`; one not seen for three of
 them is taken for dead."""
@@ -75,6 +78,8 @@ class TaskWorker:
         self._ready: collections.deque[Leased] = collections.deque()
         self._running: dict[int, asyncio.Task[None]] = {}
         self._settles: list[tuple[Outcome, Settle]] = []
+        self._decided = 0
+        """Held tasks whose outcome waits to be written: they free their room at once."""
         self._to_settle = asyncio.Event()
         self._room = asyncio.Event()
         self._woken = asyncio.Event()
@@ -87,7 +92,7 @@ class TaskWorker:
         """Where the worker's own statements run: one connection, no transaction of theirs
         waiting on the disk (a lost lease or heartbeat is simply taken again)."""
         self.settling: AsyncEngine = store.engine
-        """The control connection in transactions: outcomes are written durably."""
+        """The control connection's engine, in transactions."""
 
     def token(self) -> str:
         """A lease token for one lease: unique to this worker and this lease."""
@@ -164,7 +169,7 @@ class TaskWorker:
         capacity = options.concurrency + options.prefetch
         low = max(1, capacity // 4)
         while not stopping.is_set() and self._crash is None:
-            room = capacity - len(self.held)
+            room = capacity - (len(self.held) - self._decided)  # decided: no longer in flight
             if room < low:
                 self._room.clear()
                 await _first(stopping, self._room)
@@ -239,7 +244,9 @@ class TaskWorker:
             _emit(outcome)
             return
         self._settles.append((outcome, pending))
+        self._decided += 1
         self._to_settle.set()
+        self._room.set()
 
     # -- one attempt --------------------------------------------------------------------
 
@@ -386,7 +393,7 @@ class TaskWorker:
         """Write what `run`'s outcomes left to write (many in one transaction) and log each
         outcome's event; the outcomes as they ended (LeaseLost where the lease was lost)."""
         pending = [s for o in outcomes if (s := settle(o)) is not None]
-        written = await self.store.tasks.settle(pending, self.settling) if pending else set()
+        written = await self.store.tasks.settle(pending, self.control) if pending else set()
         final: list[Outcome] = []
         for outcome in outcomes:
             if settle(outcome) is not None and outcome.item.id not in written:
@@ -410,7 +417,7 @@ class TaskWorker:
         while self._settles:
             batch, self._settles = self._settles, []
             try:
-                written = await self.store.tasks.settle([s for _, s in batch], self.settling)
+                written = await self.store.tasks.settle([s for _, s in batch], self.control)
             except OncelyError as exc:
                 self._settles[:0] = batch
                 if once:
@@ -421,6 +428,7 @@ class TaskWorker:
                 continue
             for outcome, pending in batch:
                 self.held.pop(pending.item.id, None)
+                self._decided -= 1
                 _emit(outcome if pending.item.id in written else LeaseLost(pending.item))
             self._room.set()
 
@@ -442,6 +450,8 @@ class TaskWorker:
         interval = self.options.lease / 3
         while not stopping.is_set():
             await _first(stopping, timeout=interval)
+            if self.pool is not None:
+                await self.pool.trim(POOL_IDLE_S)
             held = list(self.held.values())
             if not held:
                 continue
