@@ -216,8 +216,11 @@ class Oncely(System):
             await self.held.execute(self.floor_insert, params)
 
     def shapes(self, concurrency: int) -> list[str]:
-        # One connection per lane, plus the listener's and the heartbeat's.
-        return [""] if concurrency + 3 <= self.room else []
+        # Its pool (whatever the concurrency), its control connection, its LISTEN and the
+        # app's engine.
+        from oncely.config import POOL_SIZE
+
+        return [""] if self.room >= POOL_SIZE + 3 else []
 
     async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from oncely.queue import consume
