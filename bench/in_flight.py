@@ -141,7 +141,7 @@ class PgQueuer(queues.PgQueuer):
 class Procrastinate(queues.Procrastinate):
     pool_size = 10
     wait = 0.1
-    connector_size = 40  # queues.py's connector: its worker fetches and finishes jobs on it
+    connector_size = 20  # its connector's pool (set to --pool-size): the tasks' pool's size
 
     async def setup(self, dsn: str) -> None:
         await super().setup(dsn)
@@ -159,8 +159,13 @@ class Procrastinate(queues.Procrastinate):
         self.tasks[SLEEP_ROW] = sleep_row
 
     def shapes(self, concurrency: int) -> list[str]:
-        # Its connections are its connector's pool, not one per job: any concurrency.
-        return [f"concurrency {concurrency}, connector pool {self.connector_size}"]
+        # Its connections are its connector's pool, not one per job: any concurrency fits.
+        # It fetches one job per round trip, each of its job slots on its own, so a lower
+        # concurrency (less contention on the pool) is measured too.
+        return [f"concurrency {c}" for c in sorted({concurrency, min(concurrency, 100)})]
+
+    def concurrency_of(self, shape: str, concurrency: int) -> int:
+        return int(shape.rpartition(" ")[2])
 
     def needs(self, concurrency: int, shape: str) -> int:
         # Its connector's pool, its LISTEN connection, the tasks' pool.
@@ -170,7 +175,9 @@ class Procrastinate(queues.Procrastinate):
 
     async def drain(self, total: int, concurrency: int, shape: str) -> None:
         await self.app.run_worker_async(
-            concurrency=concurrency, wait=False, install_signal_handlers=False
+            concurrency=self.concurrency_of(shape, concurrency),
+            wait=False,
+            install_signal_handlers=False,
         )
         await queues.wait_empty(
             probe_dsn(self.dsn),
@@ -284,6 +291,56 @@ async def drain(
     )
 
 
+XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1"
+
+
+async def idle_window(admin: asyncpg.Connection, database: str, seconds: float) -> str:
+    """Transactions/s on `database`, CPU of this process and the connections held, over an
+    idle window of `seconds` (the server's counters read a moment after, once flushed)."""
+    await admin.execute("SELECT pg_stat_clear_snapshot()")
+    before, cpu, started = await admin.fetchval(XACTS, database), time.process_time(), time.time()
+    await asyncio.sleep(seconds)
+    cpu, elapsed = time.process_time() - cpu, time.time() - started
+    held = await admin.fetchval(Sampler.QUERY, database, PROBE)
+    await asyncio.sleep(1.5)  # backends flush their counters at most once a second
+    await admin.execute("SELECT pg_stat_clear_snapshot()")
+    after = await admin.fetchval(XACTS, database)
+    return (
+        f"{(after - before) / elapsed:.2f} transactions/s, {cpu / elapsed * 100:.1f} % of a core,"
+        f" {held} connections held"
+    )
+
+
+async def idle(system: Oncely, args: argparse.Namespace, base: str) -> list[str]:
+    """An oncely worker idle, then busy with --tasks one-row tasks, then idle again."""
+    from oncely.queue import consume
+
+    await system.reset()
+    await system.before_drain()
+    database = system.dsn.rpartition("/")[2]
+    admin = await asyncpg.connect(base, server_settings={"application_name": PROBE})
+    stopping = asyncio.Event()
+    worker = asyncio.create_task(
+        consume(system.app, stopping, concurrency=args.concurrency, pool_size=args.pool_size)
+    )
+    try:
+        await asyncio.sleep(2)  # started: its pool and listener are open
+        lines = [f"idle, never busy: {await idle_window(admin, database, args.idle)}"]
+        for start in range(0, args.tasks, 1000):
+            await system.enqueue_batch(SLEEP_ROW, list(range(start, min(args.tasks, start + 1000))))
+        await queues.wait_empty(probe_dsn(system.dsn), queues.PENDING)
+        await asyncio.sleep(2)
+        lines.append(
+            f"idle after {args.tasks} one-row tasks:"
+            f" {await idle_window(admin, database, args.idle)}"
+        )
+    finally:
+        stopping.set()
+        await worker
+        await admin.close()
+    return lines
+
+
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
@@ -296,28 +353,44 @@ def parse() -> argparse.Namespace:
         "--database-prefix", default="bench_in_flight", help="each system's database: PREFIX_NAME"
     )
     parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument(
+        "--procrastinate-tasks",
+        type=int,
+        default=1_000,
+        help="tasks per procrastinate drain (it ran at 20-100 tasks/s here: minutes at 10k)",
+    )
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--pool-size", type=int, default=20)
     parser.add_argument("--wait", type=float, default=0.1, help="each task's sleep, in seconds")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--systems", default="oncely,pgqueuer,procrastinate")
     parser.add_argument(
+        "--idle",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="also measure an idle oncely worker for SECONDS, before and after a burst",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (CI): 200 tasks, 50 at once, pool 4"
     )
     args = parser.parse_args()
     if args.quick:
         args.tasks, args.concurrency, args.pool_size, args.wait, args.rounds = 200, 50, 4, 0.02, 1
+        args.procrastinate_tasks, args.idle = 100, min(args.idle, 1)
     systems = [s for s in args.systems.split(",") if s]
     unknown = [s for s in systems if s not in CLASSES]
     if unknown or not systems:
         parser.error(
             f"--systems: unknown {', '.join(unknown) or '(none)'}; known: {', '.join(CLASSES)}"
         )
-    for flag in ("tasks", "concurrency", "pool_size", "rounds"):
+    for flag in ("tasks", "procrastinate_tasks", "concurrency", "pool_size", "rounds"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.wait < 0:
         parser.error("--wait must not be negative")
+    if args.idle < 0:
+        parser.error("--idle must not be negative")
     args.systems = systems
     return args
 
@@ -360,6 +433,7 @@ async def main() -> None:
         for name in args.systems:
             system = CLASSES[name]()
             system.pool_size, system.wait = args.pool_size, args.wait
+            system.connector_size = args.pool_size
             database = f"{args.database_prefix}_{name}"
             databases.append(database)
             await system.setup(await queues.fresh_database(base, database))
@@ -374,7 +448,8 @@ async def main() -> None:
         for round_no in range(args.rounds):
             print(f"round {round_no + 1}/{args.rounds}", flush=True)
             for system, row, task, shape in plan:
-                result = await drain(system, task, args.tasks, args.concurrency, shape, base)
+                count = args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
+                result = await drain(system, task, count, args.concurrency, shape, base)
                 print(
                     f"  {row:22} {result.rate:9,.1f} tasks/s  peak {result.peak:3} connections"
                     f" ({result.samples} samples)  ran {result.ran} ({result.twice} twice)"
@@ -387,6 +462,9 @@ async def main() -> None:
                     shapes[row, ""] = shape
                 # Peak connections: the highest of the rounds (it is a bound, not a speed).
                 results[row, ""].peak = max(results[row, ""].peak, result.peak)
+        idle_lines = []
+        if args.idle and systems[0].name == "oncely":
+            idle_lines = await idle(systems[0], args, base)
     finally:
         for system in systems:
             await system.close()
@@ -397,6 +475,8 @@ async def main() -> None:
         finally:
             await admin.close()
     print_table(args, results, shapes, skipped)
+    for line in idle_lines:
+        print(f"\noncely worker (concurrency {args.concurrency}, pool {args.pool_size}) {line}")
 
 
 def print_table(
@@ -406,13 +486,14 @@ def print_table(
     skipped: list[str],
 ) -> None:
     print(
-        f"\n{args.tasks} tasks per drain, each sleeping {args.wait} s then inserting one row;"
+        f"\n{args.tasks} tasks per drain ({args.procrastinate_tasks} for procrastinate),"
+        f" each sleeping {args.wait} s then inserting one row;"
         f" concurrency {args.concurrency}, pool {args.pool_size}; best of {args.rounds}"
         f" rounds; load average at the end: {load()}\n"
     )
     mine = results.get(("oncely", ""))
     print(
-        "| system | tasks/s | oncely / system | peak connections | ran (twice) | rows"
+        "| system | tasks/s | oncely / system | peak connections (any round) | ran (twice) | rows"
         " | bench process CPU ms / task | load | shape |"
     )
     print("|---|---|---|---|---|---|---|---|---|")

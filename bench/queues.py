@@ -253,6 +253,7 @@ class Oncely(System):
 
 class Procrastinate(System):
     name = "procrastinate"
+    connector_size = 40  # its connector's pool: its worker fetches and finishes jobs on it
 
     async def setup(self, dsn: str) -> None:
         import procrastinate
@@ -260,7 +261,7 @@ class Procrastinate(System):
         self.dsn = dsn
         self.pool = await asyncpg.create_pool(dsn, min_size=2, max_size=20)
         self.app = procrastinate.App(
-            connector=procrastinate.PsycopgConnector(conninfo=dsn, max_size=40)
+            connector=procrastinate.PsycopgConnector(conninfo=dsn, max_size=self.connector_size)
         )
         await self.app.open_async()
         await self.app.schema_manager.apply_schema_async()

@@ -46,7 +46,7 @@ def test_in_flight_bench_counts(postgres_database: str) -> None:
     prefix = f"oncely_bench_inflight_{os.getpid()}"
     try:
         done = _bench(
-            "--quick", "--systems", "oncely", "--database-url", PG_ADMIN_URL,
+            "--quick", "--systems", "oncely", "--idle", "1", "--database-url", PG_ADMIN_URL,
             "--database-prefix", prefix,
         )  # fmt: skip
     finally:
@@ -72,6 +72,12 @@ def test_in_flight_bench_counts(postgres_database: str) -> None:
     assert no_db[5] == "0", no_db
     assert 1 <= int(no_db[3]) <= 2, no_db
     assert float(one_row[1].replace(",", "")) > 0, one_row
+    # Idle, before and after a burst: the worker keeps within its pool and its own two.
+    idle = [line for line in done.stdout.splitlines() if " connections held" in line]
+    assert len(idle) == 2, done.stdout
+    for line in idle:
+        held = int(line.rsplit(" connections held", 1)[0].rsplit(" ", 1)[1])
+        assert 1 <= held <= QUICK_POOL + 2, line
 
 
 @pytest.mark.parametrize(
@@ -80,6 +86,7 @@ def test_in_flight_bench_counts(postgres_database: str) -> None:
         (["--systems", "oncely,celery"], "--systems"),
         (["--pool-size", "0"], "--pool-size"),
         (["--wait", "-1"], "--wait"),
+        (["--idle", "-1"], "--idle"),
     ],
 )
 def test_in_flight_bench_rejects_bad_flags(args: list[str], message: str) -> None:
