@@ -324,12 +324,15 @@ async def idle(system: Oncely, args: argparse.Namespace, base: str) -> list[str]
         consume(system.app, stopping, concurrency=args.concurrency, pool_size=args.pool_size)
     )
     try:
-        await asyncio.sleep(2)  # started: its pool and listener are open
+        await asyncio.sleep(12 if args.idle > 1 else 2)  # started, its counters flushed
         lines = [f"idle, never busy: {await idle_window(admin, database, args.idle)}"]
         for start in range(0, args.tasks, 1000):
             await system.enqueue_batch(SLEEP_ROW, list(range(start, min(args.tasks, start + 1000))))
+        await system.before_drain()  # the enqueue's connection is the bench's
         await queues.wait_empty(probe_dsn(system.dsn), queues.PENDING)
-        await asyncio.sleep(2)
+        # A backend idle for 10 s flushes the counters of its last transactions: wait for
+        # that, or the burst's tail would count as idle traffic.
+        await asyncio.sleep(12 if args.idle > 1 else 2)
         lines.append(
             f"idle after {args.tasks} one-row tasks:"
             f" {await idle_window(admin, database, args.idle)}"
