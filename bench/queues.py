@@ -216,8 +216,11 @@ class Oncely(System):
             await self.held.execute(self.floor_insert, params)
 
     def shapes(self, concurrency: int) -> list[str]:
-        # One connection per lane, plus the listener's and the heartbeat's.
-        return [""] if concurrency + 3 <= self.room else []
+        # Its pool (whatever the concurrency), its control connection, its LISTEN and the
+        # app's engine.
+        from oncely.config import POOL_SIZE
+
+        return [""] if self.room >= POOL_SIZE + 3 else []
 
     async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from oncely.queue import consume
@@ -250,6 +253,7 @@ class Oncely(System):
 
 class Procrastinate(System):
     name = "procrastinate"
+    connector_size = 40  # its connector's pool: its worker fetches and finishes jobs on it
 
     async def setup(self, dsn: str) -> None:
         import procrastinate
@@ -257,7 +261,7 @@ class Procrastinate(System):
         self.dsn = dsn
         self.pool = await asyncpg.create_pool(dsn, min_size=2, max_size=20)
         self.app = procrastinate.App(
-            connector=procrastinate.PsycopgConnector(conninfo=dsn, max_size=40)
+            connector=procrastinate.PsycopgConnector(conninfo=dsn, max_size=self.connector_size)
         )
         await self.app.open_async()
         await self.app.schema_manager.apply_schema_async()
