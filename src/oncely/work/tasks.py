@@ -214,12 +214,11 @@ class TaskWorker:
             item = self._ready.popleft()
             task = asyncio.create_task(self._attempt(item))
             self._running[item.id] = task
-            task.add_done_callback(self._ended)
+            task.add_done_callback(functools.partial(self._ended, item.id))
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        for key, running in list(self._running.items()):
-            if running is task:
-                del self._running[key]
+    def _ended(self, task_id: int, task: asyncio.Task[None]) -> None:
+        if self._running.get(task_id) is task:
+            del self._running[task_id]
         if not task.cancelled() and task.exception() is not None and self._crash is None:
             self._crash = task.exception()  # a BaseException the attempt let through
         self._room.set()
