@@ -1,3 +1,10 @@
+import os
+import signal
+import time
+from pathlib import Path
+
+from oncely import hooks
+
 try:
     from django.tasks import task
 except ImportError:
@@ -16,3 +23,30 @@ def send_receipt(order_id, using="default"):
 @task(queue_name="mail")
 def mail_receipt(order_id):
     Receipt.objects.create(order_id=order_id)
+
+
+@task()
+def flaky_receipt(order_id, marker, using="default", fail=1):
+    # Each attempt leaves a line in `marker` (outside the transaction); the first `fail`
+    # attempts raise after their ORM work, which rolls back with them.
+    with open(marker, "a") as out:
+        out.write("attempt\n")
+    Receipt.objects.using(using).create(order_id=order_id)
+    if len(Path(marker).read_text().splitlines()) <= fail:
+        raise RuntimeError("the payment gateway timed out")
+    return order_id
+
+
+@task()
+def slow_receipt(order_id, using="default", seconds=3.0):
+    time.sleep(seconds)  # a slow sync task: the worker's other threads go on meanwhile
+    Receipt.objects.using(using).create(order_id=order_id)
+
+
+if os.environ.get("SHOP_KILL_TASK_BEFORE_COMMIT"):
+    # A real crash between a task's work (and ack) and its commit: SIGKILL there.
+    hooks.add_before_commit(
+        lambda name, key: (
+            os.kill(os.getpid(), signal.SIGKILL) if name.startswith("shop.tasks.") else None
+        )
+    )

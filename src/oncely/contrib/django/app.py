@@ -4,11 +4,16 @@ Each attempt runs in a worker thread inside `transaction.atomic(using=...)` on D
 connection: the slot's claim first (oncely's lock-and-claim statement on that connection, so
 a loser moves on at once on Postgres), then the job, then the stamp of its end; the block's
 commit lands the ORM work and the claim together, and any exception rolls both back.
+
+The worker also runs the `django.tasks` tasks of the oncely backend (`register_django_tasks`,
+at the worker's start): each attempt in a worker thread, inside `transaction.atomic()` on the
+app's database with the task's ack.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -60,6 +65,34 @@ class Oncely(core.Oncely):
         if self._store is None and not self._url_given:
             self._database = database_url(self.alias)
         return super().store
+
+    def register_django_tasks(self) -> list[str]:
+        """Register, as oncely tasks of this app, the `django.tasks` tasks an oncely backend
+        validated (after importing the `tasks` modules of INSTALLED_APPS and
+        `ONCELY["TASK_MODULES"]`): named by their module path, with their queue and the
+        backend's RetryPolicy, each attempt run by `tasks.attempt` on this app's database.
+        The names registered now (again: none)."""
+        from . import tasks as django_tasks
+
+        added: list[str] = []
+        for path, task in sorted(django_tasks.discover().items()):
+            if self.tasks.find(path) is not None:
+                continue
+            backend = django_tasks.backend_for(task, self.alias)
+            self.tasks.add(
+                task.func,
+                name=path,
+                retry=backend.retry_policy(path),
+                queue=task.queue_name,
+                attempt=functools.partial(django_tasks.attempt, self.alias),
+            )
+            added.append(path)
+        return added
+
+    async def work(self, **options: Any) -> None:
+        """`Oncely.work`, with the Django tasks registered first (`register_django_tasks`)."""
+        self.register_django_tasks()
+        await super().work(**options)
 
     def job(  # type: ignore[override]
         self,

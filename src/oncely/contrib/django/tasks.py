@@ -17,9 +17,12 @@ from typing import Any
 
 from django.db import close_old_connections, connections, transaction
 
-from ...errors import BadInputError, LeaseLostError
+from ... import hooks
+from ...errors import BadInputError, ConfigError, LeaseLostError
 from ...model import TaskRecord, TaskState
-from ...store import borrowed
+from ...retry import RetryPolicy
+from ...store import borrowed, dialect_for
+from ...store.task_store import AttemptGivenUp, Fence
 from ...tasks import check_json, report_enqueued
 from .connection import default_alias, lent
 
@@ -40,6 +43,10 @@ except ImportError:  # Django 5.2: the django-tasks backport, the same API
 ARGS, KWARGS = "args", "kwargs"
 """A Django task's row keeps its call as {"args": [...], "kwargs": {...}} in `args`."""
 
+_VALIDATED: dict[str, Task] = {}
+"""The tasks an oncely backend validated in this process, by module path (the first seen):
+what a worker of this process can run (see `discover`)."""
+
 _STATUS = {
     TaskState.AVAILABLE: TaskResultStatus.READY,
     TaskState.RUNNING: TaskResultStatus.RUNNING,
@@ -53,8 +60,10 @@ class TaskBackend(BaseTaskBackend):
     """oncely's queue as a `django.tasks` backend (see the module's docstring).
 
     OPTIONS: `DATABASE`, the alias whose connection enqueues (default `ONCELY["DATABASE"]`,
-    else "default"). Queue names map to oncely queues; `run_after` to the task's run_at.
-    Priorities are not supported yet (oncely's queue has none): a task with another
+    else "default"); `RETRY`, the RetryPolicy of its tasks (a RetryPolicy or a dict of
+    RetryPolicy's arguments; default oncely's default policy); `TASK_RETRY`, a policy per
+    task ({module path: policy}). Queue names map to oncely queues; `run_after` to the
+    task's run_at. Priorities are not supported yet (oncely's queue has none): a task with another
     priority than the default is refused. `get_result` reads the row back: status, times
     and the last error; return values are not stored yet, so `return_value` is None.
     """
@@ -72,6 +81,27 @@ class TaskBackend(BaseTaskBackend):
     def database(self) -> str:
         """The Django database alias the backend's rows live in."""
         return self.using or default_alias()
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, then the task is recorded for this process's worker."""
+        super().validate_task(task)
+        _VALIDATED.setdefault(task.module_path, task)
+
+    def retry_policy(self, module_path: str) -> RetryPolicy | None:
+        """The task's RetryPolicy from OPTIONS (`TASK_RETRY`, else `RETRY`); None: oncely's
+        default policy. ConfigError naming the setting if one is malformed."""
+        per_task = self.options.get("TASK_RETRY", {})
+        if not isinstance(per_task, dict):
+            raise ConfigError(
+                f"TASKS[{self.alias!r}]['OPTIONS']['TASK_RETRY'] must be a dict of module "
+                f"path to RetryPolicy, got {type(per_task).__name__}"
+            )
+        if module_path in per_task:
+            where = f"TASKS[{self.alias!r}]['OPTIONS']['TASK_RETRY'][{module_path!r}]"
+            return _policy(per_task[module_path], where)
+        if "RETRY" in self.options:
+            return _policy(self.options["RETRY"], f"TASKS[{self.alias!r}]['OPTIONS']['RETRY']")
+        return None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any, **extra: Any) -> TaskResult:
         """Insert the task's row on Django's connection, in the caller's transaction."""
@@ -130,6 +160,21 @@ class TaskBackend(BaseTaskBackend):
         return result
 
 
+def _policy(value: Any, where: str) -> RetryPolicy:
+    if isinstance(value, RetryPolicy):
+        return value
+    if isinstance(value, dict):
+        try:
+            return RetryPolicy(**value)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    raise ConfigError(
+        f"{where} must be a RetryPolicy or a dict of its arguments, got {type(value).__name__}"
+    )
+
+
 def _errors(record: TaskRecord) -> list[TaskError]:
     """The row's last error (`Type: message`, then its traceback) as Django's TaskError: the
     only one kept (oncely records the last attempt's error, not each one)."""
@@ -180,35 +225,124 @@ def run_attempt(
     kwargs: dict[str, Any],
     ack_sql: Any,
     ack_params: Any,
+    *,
+    fence: Fence | None = None,
+    task_id: int | None = None,
 ) -> Any:
     """Run one leased task on Django's connection `alias` and ack it in the same transaction.
 
     Synchronous, for a worker thread. Inside `transaction.atomic(using=alias)`: call the
     function at `func_path` (a `django.tasks` Task, or a plain function) with `args` and
     `kwargs`, then execute `ack_sql` with `ack_params` on the same connection (a SQLAlchemy
-    statement, e.g. oncely's ack compare-and-set, or SQL text with :name parameters). The
+    statement, e.g. oncely's ack compare-and-set, or SQL text with :name parameters;
+    `ack_params` may be a function returning them, called at the ack). The
     ack must match a row (RETURNING rows or a rowcount > 0); if it matches none, the lease
     was lost: LeaseLostError is raised and the block rolls back, the task's ORM work with
     it. Returns what the function returned. The task's own exception propagates (rolled
     back, no ack), for the worker to record the retry.
+
+    With the worker's `fence`, the block commits only while holding `fence.lock` with the
+    fence open: the lock is taken just before the block ends and released after its commit;
+    a fence closed by then (the attempt was given up: a timeout, a cancel, a shutdown)
+    rolls everything back and raises AttemptGivenUp. `hooks.before_commit(func_path,
+    str(task_id))` is called just before the commit, as for oncely's own tasks.
     """
     _close_stale(alias)
+    held = False
     try:
         target = _import(func_path)
         func = target.func if isinstance(target, Task) else target
         with transaction.atomic(using=alias):
             value = func(*args, **kwargs)
             with lent(alias, f"the ack of {func_path}") as conn:
-                result = borrowed.execute(conn, ack_sql, ack_params)
+                params = ack_params() if callable(ack_params) else ack_params
+                result = borrowed.execute(conn, ack_sql, params)
                 matched = len(result.all()) if result.returns_rows else result.rowcount
             if not matched:
-                raise LeaseLostError(
+                raise _AckMatchedNoRow(
                     f"the ack of {func_path} matched no row: its lease was lost, so its work "
                     "was rolled back"
                 )
+            if fence is not None:
+                fence.lock.acquire()
+                held = True
+                if fence.closed:
+                    raise AttemptGivenUp(
+                        f"the attempt at {func_path} was given up (a timeout, a cancel or a "
+                        "shutdown) before it could commit: its work was rolled back"
+                    )
+            hooks.before_commit(func_path, "" if task_id is None else str(task_id))
         return value
     finally:
+        if held:
+            fence.lock.release()  # type: ignore[union-attr]  # held: a fence was given
         _close_stale(alias)
+
+
+class _AckMatchedNoRow(LeaseLostError):
+    """run_attempt's own LeaseLostError (not one the task raised)."""
+
+
+def attempt(alias: str, item: Any, ack_sql: Any, ack_params: Any, fence: Fence) -> bool:
+    """The worker's attempt at a leased Django task (`TaskRegistry.add(attempt=...)`): the
+    row's call on Django's connection `alias` with its ack, committed under `fence`. True
+    if it committed, False if its lease was lost (rolled back); the task's error is raised."""
+    call = item.args if isinstance(item.args, dict) else {}
+    args, kwargs = call.get(ARGS, []), call.get(KWARGS, {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise BadInputError(f"task {item.id}: its args are not a Django task's call")
+    vendor = connections[alias].vendor
+
+    def params() -> Any:  # the clock read at the ack (SQLite's), not when the attempt began
+        return {**ack_params, **dialect_for(vendor).now_params()}
+
+    try:
+        run_attempt(alias, item.task, args, kwargs, ack_sql, params, fence=fence, task_id=item.id)
+    except _AckMatchedNoRow:
+        return False
+    return True
+
+
+def discover() -> dict[str, Task]:
+    """Import the `tasks` module of every app in INSTALLED_APPS and the modules of
+    `ONCELY["TASK_MODULES"]`: the tasks an oncely backend validated (by module path)."""
+    from django.utils.module_loading import autodiscover_modules
+
+    from .connection import oncely_settings
+
+    modules = oncely_settings().get("TASK_MODULES", [])
+    if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) for m in modules):
+        raise ConfigError("settings.ONCELY['TASK_MODULES'] must be a list of module names")
+    try:
+        autodiscover_modules("tasks")
+    except Exception as exc:
+        raise ConfigError(f"importing the tasks modules of INSTALLED_APPS: {exc!r}") from exc
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                f"settings.ONCELY['TASK_MODULES']: cannot import {name!r}: {exc!r}"
+            ) from exc
+    return dict(_VALIDATED)
+
+
+def backend_for(task: Task, alias: str) -> TaskBackend:
+    """The oncely backend whose settings apply to `task`'s rows on the database `alias`:
+    the task's own backend if its DATABASE is `alias`, else the first such in TASKS, else
+    the task's own (an oncely one: it validated the task)."""
+    try:
+        from django.tasks import task_backends
+    except ImportError:  # Django 5.2: the backport
+        from django_tasks import task_backends  # type: ignore[no-redef, unused-ignore]
+    from django.conf import settings
+
+    own = task.get_backend()
+    for backend in [own, *(task_backends[name] for name in getattr(settings, "TASKS", {}))]:
+        if isinstance(backend, TaskBackend) and backend.database == alias:
+            return backend
+    assert isinstance(own, TaskBackend)  # only an oncely backend records a task
+    return own
 
 
 def _close_stale(alias: str) -> None:
@@ -218,4 +352,13 @@ def _close_stale(alias: str) -> None:
         close_old_connections()
 
 
-__all__ = ["LeaseLostError", "TaskBackend", "enqueue", "run_attempt"]
+__all__ = [
+    "AttemptGivenUp",
+    "LeaseLostError",
+    "TaskBackend",
+    "attempt",
+    "backend_for",
+    "discover",
+    "enqueue",
+    "run_attempt",
+]
