@@ -34,7 +34,7 @@ from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import Store, task_store
 
 TaskFunc = Callable[..., Awaitable[Any] | Any]
-SyncAttempt = Callable[[Any, Any, dict[str, Any], Any], "bool | None"]
+SyncAttempt = Callable[[Any, Any, Callable[[], dict[str, Any]], Any], "bool | None"]
 """`attempt(item, ack_statement, ack_params, fence)`: see `TaskRegistry.add`."""
 RESERVED = ("idempotency_key", "run_at", "delay")
 """Keyword names `enqueue` keeps for itself; a task function may not take them."""
@@ -338,8 +338,9 @@ class TaskRegistry:
 
         `attempt` (for integrations): run each attempt with `attempt(item, ack_statement,
         ack_params, fence)` in a worker thread instead of calling `func(db, **args)` on
-        oncely's session. It must run the task and the ack (`ack_statement` with
-        `ack_params`: a compare-and-set that matches one row iff the lease is still held) in
+        oncely's session. It must run the task and the ack (`ack_statement` with the
+        parameters `ack_params()` returns, called at the ack: a compare-and-set that matches
+        one row iff the lease is still held) in
         one transaction of its own, commit only while holding `fence.lock` with
         `fence.closed` false, and return True (committed), False (the ack matched no row:
         rolled back) or raise the task's error (rolled back)."""

@@ -319,8 +319,11 @@ class TaskWorker:
         fence = Fence()
         call: Any
         if task.attempt is not None:  # an integration's own transaction (Django's)
-            params = {"p_ids": [item.id], "p_token": item.token}
-            params.update(self.store.dialect.now_params())
+            dialect = self.store.dialect
+
+            def params() -> dict[str, Any]:  # read at the ack: SQLite's "now" is the host's
+                return {"p_ids": [item.id], "p_token": item.token, **dialect.now_params()}
+
             call = functools.partial(
                 task.attempt, item, self.store.tasks.ack_statement, params, fence
             )
