@@ -294,7 +294,8 @@ def attempt(alias: str, item: Any, ack_sql: Any, ack_params: Any, fence: Fence) 
     vendor = connections[alias].vendor
 
     def params() -> Any:  # the clock read at the ack (SQLite's), not when the attempt began
-        return {**ack_params, **dialect_for(vendor).now_params()}
+        given = ack_params() if callable(ack_params) else ack_params
+        return {**given, **dialect_for(vendor).now_params()}
 
     try:
         run_attempt(alias, item.task, args, kwargs, ack_sql, params, fence=fence, task_id=item.id)
