@@ -24,7 +24,7 @@ from .retry import RetryPolicy
 from .runner import run_slot
 from .schedule import Schedule
 from .store import Store
-from .tasks import Task, TaskFunc, TaskRegistry
+from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
 from .worker import DEFAULT_SHUTDOWN_TIMEOUT
 
 F = TypeVar("F", bound=JobFunc)
@@ -112,16 +112,37 @@ class Oncely:
         retry: RetryPolicy | None = None,
         queue: str = "default",
         timeout: float | timedelta | None = None,
+        priority: int = 0,
+        concurrency: int | None = None,
+        concurrency_key: Callable[..., Any] | None = None,
+        rate: str | None = None,
+        rate_key: Callable[..., Any] | None = None,
+        max_result: int = DEFAULT_MAX_RESULT,
     ) -> Any:
         """Register `f(db, **kwargs)` as a task; `await f.enqueue(db, **kwargs)` queues a run.
 
         The run gets `db` (an AsyncSession, or a Session for a plain `def`) in a transaction
-        that also marks the task succeeded: returning commits both, raising rolls both back
-        and `retry` (default: 25 attempts, attempt**4 + 15 s +/-10 %) decides what next.
+        that also marks the task succeeded: returning commits both (with the return value,
+        JSON of at most `max_result` bytes), raising rolls both back and `retry` (default:
+        25 attempts, attempt**4 + 15 s +/-10 %) decides what next.
+
+        Leasing, in the database: higher `priority` first; at most `concurrency` attempts at
+        once per `concurrency_key(**kwargs)` (or for the whole task), at most `rate` starts
+        (`"100/s"`, `"1000/min"`) per `rate_key(**kwargs)`; tasks over a limit wait.
         """
+        limits = {
+            "priority": priority,
+            "concurrency": concurrency,
+            "concurrency_key": concurrency_key,
+            "rate": rate,
+            "rate_key": rate_key,
+            "max_result": max_result,
+        }
 
         def register(f: TaskFunc) -> Task:
-            return self.tasks.add(f, name=name, retry=retry, queue=queue, timeout=timeout)
+            return self.tasks.add(
+                f, name=name, retry=retry, queue=queue, timeout=timeout, limits=limits
+            )
 
         return register(func) if func is not None else register
 

@@ -84,3 +84,15 @@ class RetryDecisionError(BadInputError, TypeError):
 
 class FakeProviderError(ConfigError, RuntimeError):
     """The fake provider is not set up: use the fake_provider fixture."""
+
+
+class ResultError(OncelyError):
+    """A task's return value cannot be stored: it must be JSON, within the task's size limit."""
+
+
+class TaskFailedError(OncelyError):
+    """The task ended without succeeding (dead or discarded): it has no result."""
+
+
+class ResultTimeoutError(OncelyError, TimeoutError):
+    """The task did not finish within the time `task_result` was given to wait."""

@@ -262,3 +262,13 @@ class Dialect(abc.ABC):
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a driver error means another transaction holds the lock we asked for."""
         return False
+
+    concurrent_leases = False
+    """Whether two transactions may lease at once (Postgres), so that one may miss the
+    other's lease committed while it ran: a lease of limited tasks then counts again."""
+
+    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
+        """Inside a lease: true if this transaction holds (or now took, without waiting) the
+        lock of one limit group (`kind` "c" or "r", the task, the group's key). Without
+        concurrent leases (SQLite's single writer) there is nothing to take."""
+        return sa.true()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -78,7 +79,12 @@ def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
         lease_expires_at=row.lease_expires_at,
         error=row.error,
         duplicate=duplicate,
+        priority=row.priority,
+        result=None if row.result is None else json.loads(row.result),
     )
+
+
+_LIMITS = [(c, pt) for c, pt in tasks_sql.LIMIT_PARAMS.items() if c != "priority"]
 
 
 def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,6 +104,8 @@ def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[st
                 "p_key": entry.get("idempotency_key"),
                 "p_run_at": run_at,
                 "p_delay": delay,
+                "p_priority": entry.get("priority", 0),
+                **{p: entry.get(column) for column, (p, _) in _LIMITS},
                 **now_params,
             }
         )
@@ -132,6 +140,7 @@ def _fresh(row: Any, entry: dict[str, Any]) -> TaskRecord:
         run_at=row.run_at,
         created_at=row.created_at,
         idempotency_key=entry.get("idempotency_key"),
+        priority=entry.get("priority", 0),
     )
     return rec
 
@@ -426,6 +435,33 @@ class Batch:
         return bool((await self.conn.execute(stmt)).rowcount)
 
 
+def _groups(rows: list[Any], limit: str, key: str) -> dict[tuple[str, str], list[Any]]:
+    """The leased rows with a `limit`, by group (task, key), each group in lease order."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in sorted(rows, key=lambda r: (-r.priority, r.run_at, r.id)):
+        if getattr(r, limit) is not None:
+            groups.setdefault((r.task, getattr(r, key)), []).append(r)
+    return groups
+
+
+def _beyond(
+    groups: dict[tuple[str, str], list[Any]],
+    counts: dict[tuple[str, str], int],
+    limit: str,
+    *,
+    own_counted: bool,
+) -> set[int]:
+    """The last rows of each group past its limit, given the group's count (which includes
+    this lease's own rows if `own_counted`)."""
+    over: set[int] = set()
+    for group, own in groups.items():
+        total = counts.get(group, 0) + (0 if own_counted else len(own))
+        excess = total - min(getattr(r, limit) for r in own)
+        if excess > 0:
+            over.update(r.id for r in own[-excess:])
+    return over
+
+
 class TaskStore:
     """Leases, batches and the operator's views of the oncely_tasks table."""
 
@@ -452,7 +488,9 @@ class TaskStore:
                 if self.dialect.database_clock
                 else sa.bindparam("p_until", type_=tables.tasks.c.lease_expires_at.type)
             )
-            stmt = self._fetch[key] = tasks_sql.fetch(queues, self.dialect.now_sql(), until, key[2])
+            stmt = self._fetch[key] = tasks_sql.fetch(
+                queues, self.dialect.now_sql(), until, key[2], self.dialect.limit_lock
+            )
         return stmt
 
     async def lease(
@@ -465,16 +503,62 @@ class TaskStore:
         lease: float,
         names: Sequence[str] | None = None,
     ) -> list[Leased]:
-        """Lease up to `limit` due tasks in `conn`'s open transaction, oldest id first; with
-        `names`, only tasks of those names."""
+        """Lease up to `limit` due tasks in `conn`'s open transaction, highest priority first,
+        then oldest; with `names`, only tasks of those names. Tasks over a concurrency or
+        rate limit are left waiting (their attempts not counted)."""
         params: dict[str, Any] = {"p_limit": limit, "p_token": token, "p_by": by}
+        params["p_scan"] = 2 * limit + tasks_sql.SCAN
         params.update(self.dialect.now_params())
         if not self.dialect.database_clock:
             params["p_until"] = self.dialect.after(lease)
-        rows = (await conn.execute(self._fetch_statement(queues, lease, names), params)).all()
-        leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
-        leased.sort(key=lambda item: item.id)
-        return leased
+        rows = list(await conn.execute(self._fetch_statement(queues, lease, names), params))
+        if any(r.concurrency is not None or r.rate is not None for r in rows):
+            rows = await self._limited(conn, rows, token)
+        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        return [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+
+    async def _limited(self, conn: AsyncConnection, rows: list[Any], token: str) -> list[Any]:
+        """After a lease that took limited tasks: on a database where another leaser's commit
+        may have escaped the lease's snapshot, count again (now that this transaction holds
+        the groups' locks) and give back what is over; then record the rate starts."""
+        if self.dialect.concurrent_leases:
+            over = await self._over(conn, rows)
+            if over:
+                await conn.execute(tasks_sql.unlease(sorted(over), token))
+                rows = [r for r in rows if r.id not in over]
+        rated = [r for r in rows if r.rate is not None]
+        if rated:
+            groups = sorted({(r.task, r.rate_key) for r in rated})
+            await conn.execute(
+                tasks_sql.forget_starts(groups, self.dialect.now_sql()), self.dialect.now_params()
+            )
+            starts = [
+                {
+                    "p_task": r.task,
+                    "p_key": r.rate_key,
+                    "p_at": r.started_at,
+                    "p_until": r.started_at + timedelta(seconds=r.rate_period),
+                }
+                for r in rated
+            ]
+            await conn.execute(tasks_sql.record_starts(), starts)
+        return rows
+
+    async def _over(self, conn: AsyncConnection, rows: list[Any]) -> set[int]:
+        """The ids of leased tasks beyond their groups' room, counted in a fresh snapshot."""
+        over: set[int] = set()
+        concurrent = _groups(rows, "concurrency", "concurrency_key")
+        if concurrent:
+            stmt = tasks_sql.live_leases(sorted(concurrent), self.dialect.now())
+            counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
+            over |= _beyond(concurrent, counts, "concurrency", own_counted=True)
+        rated = _groups(rows, "rate", "rate_key")
+        if rated:
+            earliest = min(r.started_at for r in rows if r.rate is not None)
+            stmt = tasks_sql.recent_starts(sorted(rated), earliest)
+            counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
+            over |= _beyond(rated, counts, "rate", own_counted=False)
+        return over
 
     async def fetch(
         self,
@@ -516,7 +600,10 @@ class TaskStore:
         if not leased:
             return set()
         stmt = tasks_sql.heartbeat(
-            [t.id for t in leased], sorted({t.token for t in leased}), self.dialect.after(lease)
+            [t.id for t in leased],
+            sorted({t.token for t in leased}),
+            self.dialect.after(lease),
+            self.dialect.now(),
         )
         with self.store.translate():
             async with self.store.engine.begin() as conn:
