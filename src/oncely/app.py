@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from . import clock, events
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
-from .errors import BadInputError, ConfigError
+from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedError
 from .identity import replica_id
-from .model import Claim, RunResult, RunStatus, Slot
+from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
 from .queue import DEFAULT_CONCURRENCY
 from .registry import JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
@@ -320,6 +320,42 @@ class Oncely:
             left=left,
         )
         return moved, left
+
+    async def task_record(self, task_id: int) -> TaskRecord:
+        """One task as it is now (its state, attempts, result); BadInputError if there is no
+        such task (never enqueued, or pruned)."""
+        rec = await self.store.tasks.get(task_id)
+        if rec is None:
+            raise BadInputError(f"no task with id {task_id} (never enqueued, or pruned)")
+        return rec
+
+    async def task_result(self, task_id: int, *, timeout: float | None = 30.0) -> Any:
+        """What task `task_id` returned (None if it returned None), once it has succeeded:
+        waits up to `timeout` seconds (None: as long as it takes), polling the database.
+
+        TaskFailedError if it ended dead or discarded (its last error in the message),
+        ResultTimeoutError if it is still queued or running at the deadline, BadInputError
+        if there is no such task (never enqueued, or pruned with its result).
+        """
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise BadInputError(f"task_result(timeout=...) must be >= 0 seconds, got {timeout!r}")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = 0.02
+        while True:
+            rec = await self.task_record(task_id)
+            if rec.state is TaskState.SUCCEEDED:
+                return rec.result
+            if rec.state in (TaskState.DEAD, TaskState.DISCARDED):
+                error = (rec.error or "").split("\n", 1)[0] or "no error recorded"
+                raise TaskFailedError(f"task {task_id} ({rec.task}) is {rec.state.value}: {error}")
+            if deadline is not None and loop.time() >= deadline:
+                raise ResultTimeoutError(
+                    f"task {task_id} ({rec.task}) is still {rec.state.value} after {timeout} s"
+                )
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
+            await asyncio.sleep(wait)  # polling the row, with a deadline
+            pause = min(pause * 2, 0.5)
 
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""

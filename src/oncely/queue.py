@@ -44,7 +44,7 @@ from .model import TaskRecord, TaskState
 from .retry import DEFAULT_POLICY, Discard, GiveUp, Retry, RetryPolicy
 from .store.session import violation
 from .store.task_store import Batch, Leased
-from .tasks import Task
+from .tasks import Task, encode_result
 
 if TYPE_CHECKING:
     from .app import Oncely
@@ -80,6 +80,8 @@ class _Done:
     item: Leased
     duration: float
     wrote: bool
+    result: str | None = None
+    """The task's return value as stored JSON (tasks.encode_result); None: it returned None."""
 
 
 @dataclass
@@ -408,7 +410,8 @@ class Worker:
                     rest = todo[i + 1 :]
                     break
             if done:
-                held = await batch.ack([d.item for d in done])
+                results = {d.item.id: d.result for d in done if d.result is not None}
+                held = await batch.ack([d.item for d in done], results)
                 lost.update(d.item.id for d in done if d.item.id not in held)
                 if any(d.wrote and d.item.id in lost for d in done):
                     raise _LostWork(lost)  # rolls back: a lost task's work must not land
@@ -487,10 +490,11 @@ class Worker:
         try:
             if task is None:
                 raise LookupError(f"no task {item.task!r} is registered in this worker's app")
-            await _call(task, session, item.args)
+            value = await _call(task, session, item.args)
+            result = encode_result(value, task.name, task.limits.max_result)
             await batch.finish(session)
             duration = time.perf_counter() - started
-            done.append(_Done(item, duration, batch.touched(session)))
+            done.append(_Done(item, duration, batch.touched(session), result))
             tried[item.id] = done[-1]
         except Exception as exc:
             duration = time.perf_counter() - started
@@ -592,20 +596,21 @@ class Worker:
             await self.pause(stopping, interval)
 
 
-async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> None:
+async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> Any:
     if task.is_async:
         call = task.func(session, **args)
         if task.timeout is not None:
-            await asyncio.wait_for(call, task.timeout)
+            value = await asyncio.wait_for(call, task.timeout)
         else:
-            await call
+            value = await call
     else:
-        await session.run_sync(lambda sync_session: task.func(sync_session, **args))
+        value = await session.run_sync(lambda sync_session: task.func(sync_session, **args))
     what = violation(session.sync_session)
     if what is not None:
         from .errors import JobTransactionError
 
         raise JobTransactionError(f"the task called {what}() on oncely's session")
+    return value
 
 
 def _succeeded(done: _Done) -> Event:

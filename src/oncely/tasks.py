@@ -261,6 +261,11 @@ class Task:
             "run_at": run_at,
             "delay": seconds,
         }
+        self._limit(entry, args, priority)
+        return entry
+
+    def _limit(self, entry: dict[str, Any], args: dict[str, Any], priority: int | None) -> None:
+        """Add the row's priority and limits (its groups' keys from the key functions)."""
         limits = self.limits
         if priority is not None:
             entry["priority"] = _check_priority(priority, f"task {self.name!r}", BadInputError)
@@ -274,7 +279,6 @@ class Task:
         if limits.rate is not None:
             entry["rate"], entry["rate_period"] = limits.rate
             entry["rate_key"] = _call_key(limits.rate_key, "rate_key", self.name, args)
-        return entry
 
     def _entries(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entries = []
@@ -322,8 +326,8 @@ class Task:
         self, db: AsyncSession | Any, items: Sequence[Mapping[str, Any]]
     ) -> list[TaskRecord]:
         """Queue many runs with one INSERT; each item is the kwargs of one run, plus optional
-        `idempotency_key`, `run_at`, `delay` or `priority`. The records come back in the items' order.
-        `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
+        `idempotency_key`, `run_at`, `delay` or `priority`. The records come back in the
+        items' order. `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
         entries = self._entries(items)
         if not entries:
             return []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -399,14 +399,13 @@ class Batch:
         await self.conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
         return True
 
-    async def ack(self, leased: Sequence[Leased]) -> set[int]:
+    async def ack(
+        self, leased: Sequence[Leased], results: Mapping[int, str] | None = None
+    ) -> set[int]:
         """Mark tasks that succeeded in this batch (whether or not they wrote) succeeded iff
-        their leases are still ours, in one statement per lease token; the ids that were."""
-        held: set[int] = set()
-        for token, ids in _by_token(leased).items():
-            params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
-            rows = await self.conn.execute(self.tasks.ack_statement, params)
-            held.update(r.id for r in rows)
+        their leases are still ours; the ids that were. `results`: the return values (JSON
+        text from `tasks.encode_result`) by task id, stored with the success."""
+        held = await self.tasks.ack(self.conn, leased, results)
         self.acked += [item for item in leased if item.id in held]
         return held
 
@@ -469,6 +468,7 @@ class TaskStore:
         self.store = store
         self.dialect = store.dialect
         self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
+        self.ack_result_statement = tasks_sql.ack_with_result(self.dialect.now_sql())
         self._fetch: dict[tuple[tuple[str, ...] | None, float, tuple[str, ...] | None], Any] = {}
 
     def _fetch_statement(
@@ -559,6 +559,31 @@ class TaskStore:
             counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
             over |= _beyond(rated, counts, "rate", own_counted=False)
         return over
+
+    async def ack(
+        self,
+        conn: AsyncConnection,
+        leased: Sequence[Leased],
+        results: Mapping[int, str] | None = None,
+    ) -> set[int]:
+        """In `conn`'s open transaction (the tasks' own work's): mark these tasks succeeded
+        iff their leases are still ours; the ids that were. Tasks without a result take one
+        statement per lease token; a task with one (`results`, by id: JSON text, bound as a
+        parameter) one statement of its own, which stores it with the success."""
+        results = results or {}
+        held: set[int] = set()
+        plain = [item for item in leased if item.id not in results]
+        for token, ids in _by_token(plain).items():
+            params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
+            rows = await conn.execute(self.ack_statement, params)
+            held.update(r.id for r in rows)
+        for item in leased:
+            if item.id in results:
+                params = {"p_id": item.id, "p_token": item.token, "p_result": results[item.id]}
+                params.update(self.dialect.now_params())
+                rows = await conn.execute(self.ack_result_statement, params)
+                held.update(r.id for r in rows)
+        return held
 
     async def fetch(
         self,

@@ -31,7 +31,8 @@ index over all rows, schema v2's, satisfies it too)."""
 
 def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
     """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay
-    and the limits: p_priority, p_ckey, p_conc, p_rkey, p_rate, p_period), executemany; a row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
+    and the limits: p_priority, p_ckey, p_conc, p_rkey, p_rate, p_period), executemany; a
+    row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
     Postgres inserts them all in one round trip instead (postgres.ENQUEUE)."""
     return (
         insert(tasks)
@@ -111,16 +112,24 @@ FETCHED = (
 
 
 def _due(
-    now: Any, limited: Any, limit: Any, queues: Sequence[str] | None, names: Sequence[str] | None
+    now: Any,
+    limited: Any,
+    limit: Any,
+    queues: Sequence[str] | None,
+    names: Sequence[str] | None,
+    *,
+    lock: bool,
 ) -> Any:
-    """Due available tasks (free or `limited` ones), in lease order, skipping locked rows."""
+    """Due available tasks (free or `limited` ones), in lease order; with `lock`, locked,
+    skipping rows other leasers hold."""
     due = (
         sa.select(*(c for c in tasks.c if c.name != "args" and c.name != "result"))
         .where(tasks.c.state == AVAILABLE, tasks.c.run_at <= now, limited)
         .order_by(*LEASE_ORDER)
         .limit(limit)
-        .with_for_update(skip_locked=True)
     )
+    if lock:
+        due = due.with_for_update(skip_locked=True)
     if queues is not None:
         due = due.where(tasks.c.queue.in_(list(queues)))
     if names is not None:
@@ -128,9 +137,8 @@ def _due(
     return due
 
 
-def _limited_choice(now: Any, lim: Any, lock: LimitLock) -> Any:
-    """Of the limited candidates `lim`: the ones their groups admit now, of groups whose lock
-    this transaction took (a group another leaser holds is skipped: losers do not wait).
+def _admitted(now: Any, lim: Any) -> Any:
+    """Of the limited candidates `lim`: the ones their groups have room for now.
 
     A candidate is admitted if its rank in its concurrency group (task, concurrency_key) is
     within the limit minus the group's live leases, and its rank in its rate group (task,
@@ -209,39 +217,51 @@ def _limited_choice(now: Any, lim: Any, lock: LimitLock) -> Any:
         )
         .cte("admitted")
     )
-    # The locks, one per group with an admitted task (a volatile expression in the select
-    # list of a grouped query: evaluated once per group, only for those groups).
+    return admitted
+
+
+_PICKED: tuple[str, ...] = ("id", "priority", "run_at", "task", "concurrency_key")
+_PICKED += ("concurrency", "rate_key", "rate")
+
+
+def _locked(picked: Any, lock: LimitLock) -> Any:
+    """Of the tasks `picked` for this lease: the free ones, and the limited ones whose groups'
+    locks this transaction took (a group another leaser holds is skipped: losers do not
+    wait). Only the groups of picked tasks are locked, so a lease holds no group it takes
+    nothing of."""
+    # One lock per group, a volatile expression in the select list of a grouped query:
+    # evaluated once per group, for these groups only.
     c_locks = (
         sa.select(
-            admitted.c.task,
-            admitted.c.concurrency_key,
-            lock("c", admitted.c.task, admitted.c.concurrency_key).label("got"),
+            picked.c.task,
+            picked.c.concurrency_key,
+            lock("c", picked.c.task, picked.c.concurrency_key).label("got"),
         )
-        .where(admitted.c.concurrency.is_not(None))
-        .group_by(admitted.c.task, admitted.c.concurrency_key)
+        .where(picked.c.concurrency.is_not(None))
+        .group_by(picked.c.task, picked.c.concurrency_key)
         .cte("c_locks")
     )
     r_locks = (
         sa.select(
-            admitted.c.task,
-            admitted.c.rate_key,
-            lock("r", admitted.c.task, admitted.c.rate_key).label("got"),
+            picked.c.task,
+            picked.c.rate_key,
+            lock("r", picked.c.task, picked.c.rate_key).label("got"),
         )
-        .where(admitted.c.rate.is_not(None))
-        .group_by(admitted.c.task, admitted.c.rate_key)
+        .where(picked.c.rate.is_not(None))
+        .group_by(picked.c.task, picked.c.rate_key)
         .cte("r_locks")
     )
     c_got = sa.exists().where(
-        c_locks.c.task == admitted.c.task,
-        c_locks.c.concurrency_key == admitted.c.concurrency_key,
+        c_locks.c.task == picked.c.task,
+        c_locks.c.concurrency_key == picked.c.concurrency_key,
         c_locks.c.got,
     )
     r_got = sa.exists().where(
-        r_locks.c.task == admitted.c.task, r_locks.c.rate_key == admitted.c.rate_key, r_locks.c.got
+        r_locks.c.task == picked.c.task, r_locks.c.rate_key == picked.c.rate_key, r_locks.c.got
     )
-    return sa.select(admitted.c.id, admitted.c.priority, admitted.c.run_at).where(
-        sa.or_(admitted.c.concurrency.is_(None), c_got),
-        sa.or_(admitted.c.rate.is_(None), r_got),
+    return sa.select(picked.c.id).where(
+        sa.or_(picked.c.concurrency.is_(None), c_got),
+        sa.or_(picked.c.rate.is_(None), r_got),
     )
 
 
@@ -260,10 +280,11 @@ def fetch(
     :p_by, highest priority first, then oldest: one attempt each. Built once per worker;
     `until` is the lease's end.
 
-    Free tasks (no limit) come from one index scan in lease order. Tasks with a concurrency
-    or rate limit come from an index of their own: the first :p_scan due ones are ranked in
-    their groups and admitted while their groups have room (`_limited_choice`); the rest wait,
-    unleased, their attempts not counted. Both kinds merge in lease order up to :p_limit.
+    Free tasks (no limit) come from one index scan in lease order, locked as they are read
+    (SKIP LOCKED). Tasks with a concurrency or rate limit come from an index of their own:
+    the first :p_scan due ones are ranked in their groups and admitted while their groups
+    have room (`_admitted`); the rest wait, unleased, their attempts not counted. Both
+    kinds merge in lease order up to :p_limit.
 
     `names`: only tasks of these names (the ones the worker has registered), so a task that
     a worker of another release does not know waits for one that does. A plain IN list on
@@ -272,15 +293,27 @@ def fetch(
     """
     lock = lock or (lambda _kind, _task, _key: sa.true())
     limit = sa.bindparam("p_limit", type_=sa.Integer())
-    free = _due(now, UNLIMITED, limit, queues, names).cte("free")
-    lim = _due(now, LIMITED, sa.bindparam("p_scan", type_=sa.Integer()), queues, names).cte("lim")
+    free = _due(now, UNLIMITED, limit, queues, names, lock=True).cte("free")
+    scan = sa.bindparam("p_scan", type_=sa.Integer())
+    lim = _due(now, LIMITED, scan, queues, names, lock=False).cte("lim")
+    admitted = _admitted(now, lim)
     both = sa.union_all(
-        sa.select(free.c.id, free.c.priority, free.c.run_at), _limited_choice(now, lim, lock)
+        sa.select(*(free.c[name] for name in _PICKED)),
+        sa.select(*(admitted.c[name] for name in _PICKED)),
     ).subquery("both")
-    chosen = (
-        sa.select(both.c.id)
+    picked = (
+        sa.select(both)
         .order_by(both.c.priority.desc(), both.c.run_at, both.c.id)
         .limit(limit)
+        .cte("picked")
+    )
+    # The limited candidates were read, not locked (a lease in a long transaction would
+    # otherwise hold every row it looked at); the chosen ones are locked now, skipping those
+    # another leaser holds, and checked again (a row leased since is no longer available).
+    chosen = (
+        sa.select(tasks.c.id)
+        .where(tasks.c.id.in_(_locked(picked, lock)), tasks.c.state == AVAILABLE)
+        .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
     return (
@@ -360,12 +393,19 @@ def record_starts() -> sa.Insert:
     )
 
 
+def _live(now: Any) -> Any:
+    """A lease that still counts: any task's, or a concurrency-limited task's until it ends."""
+    return sa.or_(tasks.c.concurrency.is_(None), tasks.c.lease_expires_at > now)
+
+
 def ack(now: Any) -> Any:
     """Mark the leased tasks :p_ids succeeded iff their lease (:p_token) is still ours;
     RETURNING the ids that were.
 
     Runs in the batch's transaction after the tasks' work, so each task's ack commits with its
-    work; a task whose lease was taken over meanwhile matches no row. Built once.
+    work; a task whose lease was taken over meanwhile matches no row, nor does a task with a
+    concurrency limit whose lease ran out (its group's slot was free from then on: another
+    attempt may be running). Built once.
     """
     return (
         sa.update(tasks)
@@ -373,8 +413,31 @@ def ack(now: Any) -> Any:
             tasks.c.id.in_(sa.bindparam("p_ids", expanding=True)),
             tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
             tasks.c.state == RUNNING,
+            _live(now),
         )
         .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
+        .returning(tasks.c.id)
+    )
+
+
+def ack_with_result(now: Any) -> Any:
+    """Mark one leased task (:p_id) succeeded with its return value (:p_result, its JSON
+    text, bound) iff its lease (:p_token) is still ours; RETURNING its id if it was. Built
+    once; the tasks that returned None take `ack`."""
+    return (
+        sa.update(tasks)
+        .where(
+            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
+            tasks.c.state == RUNNING,
+            _live(now),
+        )
+        .values(
+            state=SUCCEEDED,
+            finished_at=now,
+            lease_expires_at=None,
+            result=sa.bindparam("p_result", type_=sa.Text()),
+        )
         .returning(tasks.c.id)
     )
 
@@ -407,7 +470,7 @@ def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any, now: Any) -
             tasks.c.id.in_(list(ids)),
             tasks.c.lease_token.in_(list(tokens)),
             tasks.c.state == RUNNING,
-            sa.or_(tasks.c.concurrency.is_(None), tasks.c.lease_expires_at > now),
+            _live(now),
         )
         .with_for_update(skip_locked=True)
     )
