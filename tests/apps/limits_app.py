@@ -57,3 +57,9 @@ async def three(db, n: int) -> None:  # type: ignore[no-untyped-def]
 async def paced(db, n: int) -> None:  # type: ignore[no-untyped-def]
     """At most 50 starts in any second."""
     await _hold(db, n, "paced")
+
+
+@app.task
+async def total(db, a: int, b: int) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Returns a result: what `oncely tasks show` prints."""
+    return {"sum": a + b}
