@@ -39,7 +39,7 @@ def test_bad_limit_options_fail_at_registration_naming_the_task(
     options: dict[str, Any], message: str
 ) -> None:
     app = Oncely("sqlite:///unused.db")
-    with pytest.raises(ConfigError, match="^task 'sync_customer': ") as raised:
+    with pytest.raises(ConfigError, match=r"^task 'sync_customer': ") as raised:
         app.task(name="sync_customer", **options)(work)
     assert message in str(raised.value)
     assert len(app.tasks) == 0
