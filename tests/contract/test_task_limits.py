@@ -118,6 +118,22 @@ async def test_a_global_limit_holds_whatever_the_arguments(store: Store) -> None
     assert await fetch(store, "tok2", limit=10) == []
 
 
+async def test_limits_enqueued_many_at_once_keep_their_groups(store: Store) -> None:
+    """One INSERT of many rows (Postgres: one array per column) keeps each row's limits,
+    the task's own group ("") included."""
+    one = {"task": "g", "queue": "default", "args": {}, "concurrency": 2, "concurrency_key": ""}
+    rated = {"task": "r", "queue": "default", "args": {}, "rate": 1, "rate_period": 60.0}
+    rated["rate_key"] = ""
+    async with AsyncSession(store.engine) as db, db.begin():
+        await enqueue(db, [one] * 4 + [rated] * 3)
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.select(tasks.c.task, tasks.c.concurrency_key, tasks.c.rate_key)
+        )
+        assert sorted(tuple(r) for r in rows) == [("g", "", None)] * 4 + [("r", None, "")] * 3
+    assert sorted(t.task for t in await fetch(store, "tok", limit=10)) == ["g", "g", "r"]
+
+
 async def test_an_expired_lease_frees_its_groups_slot_before_any_rescue_and_cannot_come_back(
     store: Store,
 ) -> None:

@@ -542,9 +542,11 @@ def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _array(params: list[dict[str, Any]], name: str) -> list[Any] | None:
-    """One parameter of every set, or None if it is empty (None or 0) in all of them."""
+    """One parameter of every set, or None if it is None in all of them (a priority: 0, its
+    default). A limit group's key may be "" (the task's own group): kept."""
     values = [p.get(name) for p in params]
-    return values if any(v for v in values) else None
+    empty = (None, 0) if name == "p_priority" else (None,)
+    return values if any(v not in empty for v in values) else None
 
 
 # -- enqueue on a caller's asyncpg connection -----------------------------------------------
