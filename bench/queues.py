@@ -6,7 +6,8 @@
 For each system, in a fresh database of its own: enqueue rate (one task per transaction, one
 autocommitted task, and batches; oncely both on an AsyncSession and on a bare asyncpg
 connection, pgqueuer's own rows being on asyncpg), drain throughput of N no-op tasks and of
-N tasks that insert one row, at each concurrency, and enqueue-to-start latency (p50/p99)
+N tasks that insert one row, at each concurrency (oncely also with limits: the one-row task
+with a concurrency key of 1 over 8 keys, and with a rate), and enqueue-to-start latency (p50/p99)
 with the worker idle. Concurrency is each system's own knob; pgqueuer is measured in both of
 its shapes (one manager dequeuing N per batch; N managers of batch 10) and the better is
 kept, and a cell that would need more connections than the server has left is n/a. Each
@@ -80,6 +81,8 @@ class System:
 
     name = ""
     room = 90  # connections this system may open at once (the server's max less a margin)
+    drains: tuple[str, ...] = ("noop", "one_row")
+    """The drains it has tasks for (keyed and rated need per-key and rate limits)."""
 
     def shapes(self, concurrency: int) -> list[str]:
         """The ways this system runs at `concurrency`; each is measured, the best is kept."""
@@ -125,8 +128,15 @@ PENDING = (
 )
 
 
+KEYS = 8
+"""The keyed drain's concurrency keys (concurrency=1 each)."""
+RATE = "1000000/s"
+"""The rated drain's rate: far above any drain here, so it measures the limit's cost."""
+
+
 class Oncely(System):
     name = "oncely"
+    drains = ("noop", "one_row", "keyed", "rated")
 
     async def setup(self, dsn: str) -> None:
         import sqlalchemy as sa
@@ -150,7 +160,17 @@ class Oncely(System):
         async def one_row(db, n: int) -> None:  # type: ignore[no-untyped-def]
             await db.execute(insert, {"n": n})
 
-        self.tasks = {"noop": noop, "one_row": one_row}
+        # one_row with limits: at most one at a time per key, over KEYS keys; and a rate that
+        # the drain does not reach (what its bookkeeping costs, not how it paces).
+        @self.app.task(concurrency=1, concurrency_key=lambda n: f"k{n % KEYS}")
+        async def keyed(db, n: int) -> None:  # type: ignore[no-untyped-def]
+            await db.execute(insert, {"n": n})
+
+        @self.app.task(rate=RATE)
+        async def rated(db, n: int) -> None:  # type: ignore[no-untyped-def]
+            await db.execute(insert, {"n": n})
+
+        self.tasks = {"noop": noop, "one_row": one_row, "keyed": keyed, "rated": rated}
         self.floor_insert = sa.text(FLOOR_INSERT_SQL)
         self.held: Any = None
         self.auto: Any = None
@@ -162,7 +182,7 @@ class Oncely(System):
                 await held.close()
         self.held = self.auto = None
         conn = await asyncpg.connect(self.dsn)
-        await conn.execute("TRUNCATE oncely_tasks, bench_effects")
+        await conn.execute("TRUNCATE oncely_tasks, oncely_task_starts, bench_effects")
         await conn.close()
 
     async def enqueue_one(self, task: str, n: int) -> None:
@@ -503,7 +523,9 @@ async def main() -> None:
     )
     parser.add_argument("--only-latency", action="store_true", help="skip enqueue and drains")
     parser.add_argument(
-        "--drains", default="noop,one_row", help='which drains to time ("" for none)'
+        "--drains",
+        default="noop,one_row,keyed,rated",
+        help='which drains to time ("" for none; keyed and rated: oncely only)',
     )
     parser.add_argument("--no-enqueue", action="store_true", help="skip the enqueue rows")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency rows")
@@ -554,7 +576,7 @@ async def main() -> None:
                 keep(system, f"enqueue single, autocommit{ALONE} /s", rate, max)
         for task in [t for t in args.drains.split(",") if t] if not args.only_latency else ():
             for concurrency in concurrencies:
-                for system in systems:
+                for system in [s for s in systems if task in s.drains]:
                     count = (
                         args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
                     )
@@ -602,7 +624,7 @@ def print_table(
         "enqueue batch",
     ):
         order += [f"{metric} /s", f"{metric}{ASYNCPG} /s", f"{metric}{ALONE} /s"]
-    for task in ("noop", "one_row"):
+    for task in ("noop", "one_row", "keyed", "rated"):
         order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
         order.append(f"drain {task} best /s")
     order += ["latency p50 ms", "latency p99 ms"]

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from . import clock, config, events, queue
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
-from .errors import BadInputError, ConfigError
+from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedError
 from .identity import replica_id
 from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
 from .queue import DEFAULT_CONCURRENCY
@@ -24,7 +24,7 @@ from .retry import RetryPolicy
 from .runner import run_slot
 from .schedule import Schedule
 from .store import Store
-from .tasks import Task, TaskFunc, TaskRegistry
+from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
 from .worker import DEFAULT_SHUTDOWN_TIMEOUT
 
 F = TypeVar("F", bound=JobFunc)
@@ -112,16 +112,37 @@ class Oncely:
         retry: RetryPolicy | None = None,
         queue: str = "default",
         timeout: float | timedelta | None = None,
+        priority: int = 0,
+        concurrency: int | None = None,
+        concurrency_key: Callable[..., Any] | None = None,
+        rate: str | None = None,
+        rate_key: Callable[..., Any] | None = None,
+        max_result: int = DEFAULT_MAX_RESULT,
     ) -> Any:
         """Register `f(db, **kwargs)` as a task; `await f.enqueue(db, **kwargs)` queues a run.
 
         The run gets `db` (an AsyncSession, or a Session for a plain `def`) in a transaction
-        that also marks the task succeeded: returning commits both, raising rolls both back
-        and `retry` (default: 25 attempts, attempt**4 + 15 s +/-10 %) decides what next.
+        that also marks the task succeeded: returning commits both (with the return value,
+        JSON of at most `max_result` bytes), raising rolls both back and `retry` (default:
+        25 attempts, attempt**4 + 15 s +/-10 %) decides what next.
+
+        Leasing, in the database: higher `priority` first; at most `concurrency` attempts at
+        once per `concurrency_key(**kwargs)` (or for the whole task), at most `rate` starts
+        (`"100/s"`, `"1000/min"`) per `rate_key(**kwargs)`; tasks over a limit wait.
         """
+        limits = {
+            "priority": priority,
+            "concurrency": concurrency,
+            "concurrency_key": concurrency_key,
+            "rate": rate,
+            "rate_key": rate_key,
+            "max_result": max_result,
+        }
 
         def register(f: TaskFunc) -> Task:
-            return self.tasks.add(f, name=name, retry=retry, queue=queue, timeout=timeout)
+            return self.tasks.add(
+                f, name=name, retry=retry, queue=queue, timeout=timeout, limits=limits
+            )
 
         return register(func) if func is not None else register
 
@@ -322,6 +343,42 @@ class Oncely:
             left=left,
         )
         return moved, left
+
+    async def task_record(self, task_id: int) -> TaskRecord:
+        """One task as it is now (its state, attempts, result); BadInputError if there is no
+        such task (never enqueued, or pruned)."""
+        rec = await self.store.tasks.get(task_id)
+        if rec is None:
+            raise BadInputError(f"no task with id {task_id} (never enqueued, or pruned)")
+        return rec
+
+    async def task_result(self, task_id: int, *, timeout: float | None = 30.0) -> Any:
+        """What task `task_id` returned (None if it returned None), once it has succeeded:
+        waits up to `timeout` seconds (None: as long as it takes), polling the database.
+
+        TaskFailedError if it ended dead or discarded (its last error in the message),
+        ResultTimeoutError if it is still queued or running at the deadline, BadInputError
+        if there is no such task (never enqueued, or pruned with its result).
+        """
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise BadInputError(f"task_result(timeout=...) must be >= 0 seconds, got {timeout!r}")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = 0.02
+        while True:
+            rec = await self.task_record(task_id)
+            if rec.state is TaskState.SUCCEEDED:
+                return rec.result
+            if rec.state in (TaskState.DEAD, TaskState.DISCARDED):
+                error = (rec.error or "").split("\n", 1)[0] or "no error recorded"
+                raise TaskFailedError(f"task {task_id} ({rec.task}) is {rec.state.value}: {error}")
+            if deadline is not None and loop.time() >= deadline:
+                raise ResultTimeoutError(
+                    f"task {task_id} ({rec.task}) is still {rec.state.value} after {timeout} s"
+                )
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
+            await asyncio.sleep(wait)  # polling the row, with a deadline
+            pause = min(pause * 2, 0.5)
 
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""

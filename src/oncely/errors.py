@@ -89,3 +89,15 @@ class FakeProviderError(ConfigError, RuntimeError):
 class LeaseLostError(OncelyError):
     """The task's ack matched no row: its lease was lost (another worker took it over, it
     was discarded, or it expired), so the attempt's work was rolled back."""
+
+
+class ResultError(OncelyError):
+    """A task's return value cannot be stored: it must be JSON, within the task's size limit."""
+
+
+class TaskFailedError(OncelyError):
+    """The task ended without succeeding (dead or discarded): it has no result."""
+
+
+class ResultTimeoutError(OncelyError, TimeoutError):
+    """The task did not finish within the time `task_result` was given to wait."""

@@ -106,3 +106,7 @@ class TaskRecord:
     """The last attempt's error: `Type: message`, then its traceback."""
     duplicate: bool = False
     """Set by `enqueue`: the idempotency key existed, so this is the existing task."""
+    priority: int = 0
+    """Higher first: a due task is leased before due tasks of lower priority."""
+    result: object = None
+    """What the task returned (JSON), stored with its success; None before or without one."""

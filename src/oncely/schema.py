@@ -7,6 +7,6 @@ LISTEN/NOTIFY wake-up); a schema made by Alembic alone works without it, by poll
 from __future__ import annotations
 
 from .store.migrations import LATEST as SCHEMA_VERSION
-from .store.tables import metadata, runs, schema_versions, tasks
+from .store.tables import metadata, runs, schema_versions, task_starts, tasks
 
-__all__ = ["SCHEMA_VERSION", "metadata", "runs", "schema_versions", "tasks"]
+__all__ = ["SCHEMA_VERSION", "metadata", "runs", "schema_versions", "task_starts", "tasks"]

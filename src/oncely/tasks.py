@@ -10,10 +10,12 @@ retained tasks; enqueueing it again creates nothing and returns the existing tas
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import math
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +28,7 @@ from .errors import (
     ConfigError,
     DatabaseUnavailableError,
     PayloadError,
+    ResultError,
     UnknownTaskError,
 )
 from .model import TaskRecord
@@ -36,7 +39,9 @@ from .store import Store, task_store
 TaskFunc = Callable[..., Awaitable[Any] | Any]
 SyncAttempt = Callable[[Any, Any, Callable[[], dict[str, Any]], Any], "bool | None"]
 """`attempt(item, ack_statement, ack_params, fence)`: see `TaskRegistry.add`."""
-RESERVED = ("idempotency_key", "run_at", "delay")
+KeyFunc = Callable[..., Any]
+"""A limit's key: called with the task's keyword arguments at enqueue; a str (or an int)."""
+RESERVED = ("idempotency_key", "run_at", "delay", "priority")
 """Keyword names `enqueue` keeps for itself; a task function may not take them."""
 
 _RESERVED = frozenset(RESERVED)
@@ -74,6 +79,100 @@ def check_json(value: Any, path: str) -> None:
     )
 
 
+DEFAULT_MAX_RESULT = 64 * 1024
+"""Bytes: the largest return value (as JSON, UTF-8) a task may store, unless it says otherwise."""
+
+_RATE = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$"
+)
+_PERIODS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
+_PERIODS |= {"h": 3600, "hour": 3600, "d": 86400, "day": 86400}
+_PRIORITY = range(-(2**31), 2**31)
+
+
+def parse_rate(rate: object, where: str) -> tuple[int, float]:
+    """`"100/s"`, `"1000/min"`, `"5/10s"`, `"20/h"`: (starts, period in seconds); ConfigError
+    naming `where` otherwise."""
+    match = _RATE.match(rate) if isinstance(rate, str) else None
+    if match is None:
+        raise ConfigError(
+            f"{where}: rate {rate!r} is not a rate: use N/unit, e.g. '100/s', '1000/min', "
+            "'5/10s', '20/h' (units s, min, h, day)"
+        )
+    count, every, unit = match.groups()
+    period = float(every or 1) * _PERIODS[unit]
+    if int(count) < 1 or period <= 0 or int(count) >= 2**31:
+        raise ConfigError(f"{where}: rate {rate!r} must allow at least 1 start in over 0 s")
+    return int(count), period
+
+
+def encode_result(value: Any, task: str, limit: int = DEFAULT_MAX_RESULT) -> str | None:
+    """A task's return value as the JSON text stored with its success (None: nothing to store).
+
+    ResultError if it is not JSON or its JSON is over `limit` bytes: the attempt then fails
+    (its work rolls back) with that error, and its retry policy decides what next. Pure: the
+    worker calls it before the ack, inside the attempt.
+    """
+    if value is None:
+        return None
+    try:
+        check_json(value, f"task {task!r}: its return value")
+    except PayloadError as exc:
+        raise ResultError(f"{exc}; return JSON (or None) from a task") from None
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    size = len(text.encode())
+    if size > limit:
+        raise ResultError(
+            f"task {task!r}: its return value is {size} bytes of JSON, over its limit of "
+            f"{limit} (raise it with @app.task(max_result=...), or store large data in a "
+            "table of your own and return its id)"
+        )
+    return text
+
+
+def decode_result(text: str | None) -> Any:
+    """The value `encode_result` stored."""
+    return None if text is None else json.loads(text)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A task's registration options that its rows carry: lease order and limits."""
+
+    priority: int = 0
+    concurrency: int | None = None
+    concurrency_key: KeyFunc | None = None
+    rate: tuple[int, float] | None = None
+    rate_key: KeyFunc | None = None
+    max_result: int = DEFAULT_MAX_RESULT
+
+
+def _call_key(func: KeyFunc | None, option: str, task: str, args: dict[str, Any]) -> str:
+    if func is None:
+        return ""  # the limit is the task's own: one group for all its runs
+    try:
+        key = func(**args)
+    except Exception as exc:
+        raise BadInputError(
+            f"task {task!r}: its {option} raised {type(exc).__name__}: {exc} "
+            f"(for arguments {sorted(args)}); nothing was enqueued"
+        ) from exc
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str) or not 0 < len(key) <= 255:
+        raise BadInputError(
+            f"task {task!r}: its {option} must return a str of 1-255 characters (or an int), "
+            f"got {key!r}; nothing was enqueued"
+        )
+    return key
+
+
+def _check_priority(priority: object, where: str, error: type[Exception]) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in _PRIORITY:
+        raise error(f"{where}: priority must be an int (32-bit), got {priority!r}")
+    return priority
+
+
 class Task:
     """A registered task: call `enqueue(db, **kwargs)` to run it once, in the background."""
 
@@ -85,9 +184,11 @@ class Task:
         retry: RetryPolicy,
         queue: str,
         timeout: float | None,
+        limits: Limits | None = None,
         attempt: SyncAttempt | None = None,
     ) -> None:
         self.func = func
+        self.limits = limits or Limits()
         self.name = name
         self.retry = retry
         self.queue = queue
@@ -116,6 +217,7 @@ class Task:
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any]:
         """Validate one enqueue's arguments; the row to insert (as plain data)."""
         args = dict(kwargs)
@@ -157,7 +259,7 @@ class Task:
                     f"task {self.name!r}: delay must be >= 0 seconds (or a timedelta), "
                     f"got {delay!r}"
                 )
-        return {
+        entry = {
             "task": self.name,
             "queue": self.queue,
             "args": args,
@@ -165,6 +267,24 @@ class Task:
             "run_at": run_at,
             "delay": seconds,
         }
+        self._limit(entry, args, priority)
+        return entry
+
+    def _limit(self, entry: dict[str, Any], args: dict[str, Any], priority: int | None) -> None:
+        """Add the row's priority and limits (its groups' keys from the key functions)."""
+        limits = self.limits
+        if priority is not None:
+            entry["priority"] = _check_priority(priority, f"task {self.name!r}", BadInputError)
+        elif limits.priority:
+            entry["priority"] = limits.priority
+        if limits.concurrency is not None:
+            entry["concurrency"] = limits.concurrency
+            entry["concurrency_key"] = _call_key(
+                limits.concurrency_key, "concurrency_key", self.name, args
+            )
+        if limits.rate is not None:
+            entry["rate"], entry["rate_period"] = limits.rate
+            entry["rate_key"] = _call_key(limits.rate_key, "rate_key", self.name, args)
 
     def _entries(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entries = []
@@ -178,6 +298,7 @@ class Task:
                     idempotency_key=item.get("idempotency_key"),
                     run_at=item.get("run_at"),
                     delay=item.get("delay"),
+                    priority=item.get("priority"),
                 )
             )
         return entries
@@ -189,6 +310,7 @@ class Task:
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        priority: int | None = None,
         **kwargs: Any,
     ) -> TaskRecord:
         """Queue one run in `db`'s transaction: it exists iff that transaction commits.
@@ -198,9 +320,10 @@ class Task:
         your work, outside one it commits by itself).
 
         With an `idempotency_key` this task already has (in any state), nothing is inserted
-        and the existing task comes back with `duplicate=True`.
+        and the existing task comes back with `duplicate=True`. `priority` (default: the
+        task's) puts it before due tasks of lower priority.
         """
-        entry = self.entry(kwargs, idempotency_key, run_at, delay)
+        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
         (rec,) = await task_store.enqueue(db, [entry])
         _report([rec])
         return rec
@@ -209,8 +332,8 @@ class Task:
         self, db: AsyncSession | Any, items: Sequence[Mapping[str, Any]]
     ) -> list[TaskRecord]:
         """Queue many runs with one INSERT; each item is the kwargs of one run, plus optional
-        `idempotency_key`, `run_at` or `delay`. The records come back in the items' order.
-        `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
+        `idempotency_key`, `run_at`, `delay` or `priority`. The records come back in the
+        items' order. `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
         entries = self._entries(items)
         if not entries:
             return []
@@ -225,6 +348,7 @@ class Task:
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        priority: int | None = None,
         **kwargs: Any,
     ) -> TaskRecord:
         """Queue one run in a transaction of its own, committed on return: for a producer
@@ -232,7 +356,12 @@ class Task:
         connection was lost during COMMIT and the task did not land, or cannot be read back
         (see `enqueue_read_back` to tell the two apart)."""
         rec, landed = await self.enqueue_read_back(
-            store, idempotency_key=idempotency_key, run_at=run_at, delay=delay, **kwargs
+            store,
+            idempotency_key=idempotency_key,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+            **kwargs,
         )
         if landed is None:
             raise DatabaseUnavailableError(
@@ -253,11 +382,12 @@ class Task:
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        priority: int | None = None,
         **kwargs: Any,
     ) -> tuple[TaskRecord, bool | None]:
         """`enqueue_committed`, and whether the task committed: True; after a connection lost
         during COMMIT, False (it rolled back) or None (it cannot be read back: unknown)."""
-        entry = self.entry(kwargs, idempotency_key, run_at, delay)
+        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
         (rec,), landed = await store.enqueue([entry])
         if landed:
             _report([rec])
@@ -270,10 +400,11 @@ class Task:
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
+        priority: int | None = None,
         **kwargs: Any,
     ) -> TaskRecord:
         """`enqueue` for a synchronous SQLAlchemy Session (Django, Flask, scripts)."""
-        entry = self.entry(kwargs, idempotency_key, run_at, delay)
+        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
         (rec,) = task_store.enqueue_sync(session, [entry])
         _report([rec])
         return rec
@@ -318,6 +449,51 @@ def _check_function(name: str, func: Any) -> None:
             raise ConfigError(f"task {name!r}: argument {param.name!r} must accept a keyword")
 
 
+def _check_key(func: object, option: str, where: str, needs: str, limit: object) -> None:
+    if func is None:
+        return
+    if limit is None:
+        raise ConfigError(f"{where}: {option}= needs {needs}= (the limit its key groups by)")
+    if not callable(func):
+        raise ConfigError(f"{where}: {option}= must be a function of the task's arguments")
+
+
+def check_limits(
+    name: str,
+    *,
+    priority: object = 0,
+    concurrency: object = None,
+    concurrency_key: object = None,
+    rate: object = None,
+    rate_key: object = None,
+    max_result: object = DEFAULT_MAX_RESULT,
+) -> Limits:
+    """`@app.task`'s limit options, checked at registration; ConfigError naming the task."""
+    where = f"task {name!r}"
+    if concurrency is not None and (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 0 < concurrency < 2**31
+    ):
+        raise ConfigError(f"{where}: concurrency must be an int >= 1, got {concurrency!r}")
+    _check_key(concurrency_key, "concurrency_key", where, "concurrency", concurrency)
+    _check_key(rate_key, "rate_key", where, "rate", rate)
+    if (
+        isinstance(max_result, bool)
+        or not isinstance(max_result, int)
+        or not 0 < max_result < 2**31
+    ):
+        raise ConfigError(f"{where}: max_result must be a number of bytes >= 1, got {max_result!r}")
+    return Limits(
+        priority=_check_priority(priority, where, ConfigError),
+        concurrency=concurrency,
+        concurrency_key=concurrency_key,  # type: ignore[arg-type]
+        rate=parse_rate(rate, where) if rate is not None else None,
+        rate_key=rate_key,  # type: ignore[arg-type]
+        max_result=max_result,
+    )
+
+
 class TaskRegistry:
     """The tasks an app knows, by name; validated at registration (import time)."""
 
@@ -332,18 +508,21 @@ class TaskRegistry:
         retry: RetryPolicy | None = None,
         queue: str = "default",
         timeout: float | timedelta | None = None,
+        limits: Mapping[str, Any] | None = None,
         attempt: SyncAttempt | None = None,
     ) -> Task:
         """Validate and register a task; ConfigError naming the task if anything is off.
+
+        `limits`: `@app.task`'s priority, concurrency, concurrency_key, rate, rate_key and
+        max_result (see `check_limits`).
 
         `attempt` (for integrations): run each attempt with `attempt(item, ack_statement,
         ack_params, fence)` in a worker thread instead of calling `func(db, **args)` on
         oncely's session. It must run the task and the ack (`ack_statement` with the
         parameters `ack_params()` returns, called at the ack: a compare-and-set that matches
-        one row iff the lease is still held) in
-        one transaction of its own, commit only while holding `fence.lock` with
-        `fence.closed` false, and return True (committed), False (the ack matched no row:
-        rolled back) or raise the task's error (rolled back)."""
+        one row iff the lease is still held) in one transaction of its own, commit only while
+        holding `fence.lock` with `fence.closed` false, and return True (committed), False
+        (the ack matched no row: rolled back) or raise the task's error (rolled back)."""
         task_name = name or getattr(func, "__name__", "")
         if not isinstance(task_name, str) or not _NAME.match(task_name):
             raise ConfigError(
@@ -369,6 +548,7 @@ class TaskRegistry:
             retry=retry or DEFAULT_POLICY,
             queue=queue,
             timeout=None if seconds is None else float(seconds),
+            limits=check_limits(task_name, **(limits or {})),
             attempt=attempt,
         )
         self._tasks[task_name] = task

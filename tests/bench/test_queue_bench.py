@@ -21,6 +21,8 @@ ROWS = [
     "drain noop c=2 /s",
     "drain one_row c=1 /s",
     "drain one_row best /s",
+    "drain keyed c=1 /s",
+    "drain rated best /s",
     "latency p50 ms",
     "latency p99 ms",
 ]

@@ -3,6 +3,7 @@ place, keeping its tasks and what the schema guarantees (guarantee 6: idempotenc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from tests.conftest import run_cli
 
-from oncely import Oncely
+from oncely import Oncely, SchemaMissingError
 from oncely.queue import list_tasks
 from oncely.schema import SCHEMA_VERSION
 
@@ -26,6 +27,14 @@ V3_INDEXES = V2_INDEXES - {"oncely_tasks_idempotency", "oncely_tasks_state"} | {
     "oncely_tasks_key",
     "oncely_tasks_finished",
 }
+V4_INDEXES = V3_INDEXES - {"oncely_tasks_due", "oncely_tasks_due_by_queue"} | {
+    "oncely_tasks_next",
+    "oncely_tasks_next_by_queue",
+    "oncely_tasks_next_limited",
+    "oncely_tasks_limited_running",
+}
+V4_COLUMNS = ("priority", "concurrency_key", "concurrency", "rate_key", "rate", "rate_period")
+V4_COLUMNS += ("result",)
 
 
 def task_indexes(engine: sa.Engine) -> set[str]:
@@ -34,8 +43,21 @@ def task_indexes(engine: sa.Engine) -> set[str]:
 
 
 def as_v2(engine: sa.Engine) -> None:
-    """Turn a migrated database back into schema v2 as v2 built it (its two full indexes)."""
+    """Turn a migrated database back into schema v2 as v2 built it (its two full indexes,
+    its due indexes, none of v4's columns)."""
     with engine.begin() as conn:
+        for name in V4_INDEXES - V3_INDEXES:
+            conn.exec_driver_sql(f"DROP INDEX {name}")
+        conn.exec_driver_sql("DROP TABLE oncely_task_starts")
+        for column in V4_COLUMNS:
+            conn.exec_driver_sql(f"ALTER TABLE oncely_tasks DROP COLUMN {column}")
+        conn.exec_driver_sql(
+            "CREATE INDEX oncely_tasks_due ON oncely_tasks (run_at, id) WHERE state = 'available'"
+        )
+        conn.exec_driver_sql(
+            "CREATE INDEX oncely_tasks_due_by_queue ON oncely_tasks (queue, run_at, id) "
+            "WHERE state = 'available'"
+        )
         conn.exec_driver_sql("DROP INDEX oncely_tasks_key")
         conn.exec_driver_sql("DROP INDEX oncely_tasks_finished")
         conn.exec_driver_sql(
@@ -45,11 +67,23 @@ def as_v2(engine: sa.Engine) -> None:
         conn.exec_driver_sql("DELETE FROM oncely_schema WHERE version > 2")
 
 
+def raw_tasks(engine: sa.Engine) -> dict[int, tuple[str, object, str, str | None]]:
+    """The tasks as any schema version holds them: id -> (task, args, state, key)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT id, task, args, state, idempotency_key FROM oncely_tasks")
+        )
+        return {
+            r[0]: (r[1], json.loads(r[2]) if isinstance(r[2], str) else r[2], r[3], r[4])
+            for r in rows
+        }
+
+
 async def test_a_new_database_gets_the_latest_schema(db_url: str, sync_engine: sa.Engine) -> None:
     app = Oncely(db_url)
     assert await app.migrate() == list(range(1, SCHEMA_VERSION + 1))
     await app.aclose()
-    assert task_indexes(sync_engine) == V3_INDEXES
+    assert task_indexes(sync_engine) == V4_INDEXES
 
 
 async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
@@ -61,7 +95,34 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
     as_v2(sync_engine)
     assert task_indexes(sync_engine) == V2_INDEXES
 
-    # This oncely runs on a v2 database (so every process can be upgraded before migrating).
+    # A database an older oncely filled: its rows, as its enqueue wrote them.
+    with sync_engine.begin() as conn:
+        old_rows = [(1, "c:1", "available"), (2, "c:2", "succeeded")]
+        old_rows += [(3, None, "available"), (3, None, "available")]
+        for order_id, key, state in old_rows:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO oncely_tasks (task, queue, args, state, attempt, run_at, "
+                    "created_at, idempotency_key) VALUES ('charge', 'default', :args, :state, 0, "
+                    "'2026-01-01 00:00:00', '2026-01-01 00:00:00', :key)"
+                ),
+                {"args": json.dumps({"order_id": order_id}), "state": state, "key": key},
+            )
+    # This oncely refuses to run on it until it is migrated.
+    app = Oncely(db_url)
+    with pytest.raises(SchemaMissingError, match="oncely migrate"):
+        await app.store.ensure_schema()
+    await app.aclose()
+    before = raw_tasks(sync_engine)
+    ids = {key: i for i, (_, _, _, key) in before.items()}
+    plain_ids = {i for i, (_, _, _, key) in before.items() if key is None}
+
+    result = run_cli("migrate", cwd=ROOT, env={"ONCELY_DATABASE_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    applied = ", ".join(str(v) for v in range(3, SCHEMA_VERSION + 1))
+    assert f"to version {SCHEMA_VERSION} (applied [{applied}])" in result.stdout
+    assert task_indexes(sync_engine) == V4_INDEXES
+
     app = Oncely(db_url)
 
     @app.task
@@ -72,37 +133,21 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
         async with AsyncSession(app.store.engine) as db, db.begin():
             return await charge.enqueue(db, **kwargs)
 
-    await app.store.ensure_schema()
-    keyed = await enqueue(order_id=1, idempotency_key="c:1")
-    done = await enqueue(order_id=2, idempotency_key="c:2")
-    plain = [await enqueue(order_id=3), await enqueue(order_id=3)]
-    assert (await enqueue(order_id=1, idempotency_key="c:1")).duplicate
-    with sync_engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE oncely_tasks SET state = 'succeeded' WHERE id = :id"), {"id": done.id}
-        )
-    before = {r.id: (r.task, r.args, r.state, r.idempotency_key) for r in await list_tasks(app)}
-    await app.aclose()
-
-    result = run_cli("migrate", cwd=ROOT, env={"ONCELY_DATABASE_URL": db_url})
-    assert result.returncode == 0, result.stderr
-    applied = ", ".join(str(v) for v in range(3, SCHEMA_VERSION + 1))
-    assert f"to version {SCHEMA_VERSION} (applied [{applied}])" in result.stdout
-    assert task_indexes(sync_engine) == V3_INDEXES
-
-    app = Oncely(db_url)
-    charge = app.task(charge.func, name="charge")
     assert await app.store.schema_version() == SCHEMA_VERSION
-    after = {r.id: (r.task, r.args, r.state, r.idempotency_key) for r in await list_tasks(app)}
+    after = {
+        r.id: (r.task, r.args, r.state.value, r.idempotency_key) for r in await list_tasks(app)
+    }
     assert after == before and len(after) == 4
     # The keys are still unique among retained tasks, whatever their state; tasks without a
     # key are as many as enqueued.
     again = await enqueue(order_id=1, idempotency_key="c:1")
     finished = await enqueue(order_id=2, idempotency_key="c:2")
-    assert (again.id, again.duplicate) == (keyed.id, True)
-    assert (finished.id, finished.duplicate) == (done.id, True)
+    assert (again.id, again.duplicate) == (ids["c:1"], True)
+    assert (finished.id, finished.duplicate) == (ids["c:2"], True)
     more = await enqueue(order_id=3)
-    assert not more.duplicate and more.id not in {p.id for p in plain}
+    assert not more.duplicate and more.id not in plain_ids
+    # The old rows got v4's defaults: priority 0, no limits, no result.
+    assert {(r.priority, r.result) for r in await list_tasks(app)} == {(0, None)}
     with pytest.raises(sa.exc.IntegrityError), sync_engine.begin() as conn:
         conn.execute(
             sa.text(
@@ -110,7 +155,7 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
                 "created_at, idempotency_key) SELECT task, queue, args, 'available', 0, run_at, "
                 "created_at, idempotency_key FROM oncely_tasks WHERE id = :id"
             ),
-            {"id": keyed.id},
+            {"id": ids["c:1"]},
         )
     assert len(await list_tasks(app)) == 5
     await app.aclose()

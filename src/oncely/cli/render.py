@@ -143,7 +143,29 @@ def task_dict(rec: TaskRecord) -> dict[str, Any]:
         # A task that succeeded after failing keeps its earlier attempt's error, not as its own.
         "error": None if rec.state is TaskState.SUCCEEDED else rec.error,
         "earlier_error": rec.error if rec.state is TaskState.SUCCEEDED else None,
+        "priority": rec.priority,
+        "result": rec.result,
     }
+
+
+def task_detail(rec: TaskRecord) -> str:
+    """`oncely tasks show ID`: one task, a field per line, its result and last error last."""
+    fields = task_dict(rec)
+    error = fields.pop("error") or fields.pop("earlier_error")
+    fields.pop("earlier_error", None)
+    result = fields.pop("result")
+    fields["args"] = _compact(rec.args)
+    lines = [f"{name}: {'-' if value is None else value}" for name, value in fields.items()]
+    if rec.state is TaskState.SUCCEEDED:
+        lines.append(f"result: {_compact(result)}")
+    if error:
+        lines.append("error:" if rec.state is not TaskState.SUCCEEDED else "earlier error:")
+        lines += ["  " + line for line in error.rstrip().split("\n")]
+    return "\n".join(lines)
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
 
 
 def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:

@@ -110,7 +110,8 @@ def enqueue(
 def tasks(
     ctx: click.Context, state: str | None, task_name: str | None, limit: int, as_json: bool
 ) -> None:
-    """Show queued tasks newest first; `tasks retry ID` / `tasks discard ID` change one."""
+    """Show queued tasks newest first; `tasks show ID` shows one (and its result),
+    `tasks retry ID` / `tasks discard ID` change one."""
     if ctx.invoked_subcommand is not None:
         return
     _list(ctx.obj, state, task_name, limit, as_json)
@@ -146,6 +147,17 @@ def retry_cmd(obj: Context, task_id: int) -> None:
     """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
     rec = obj.call(lambda app: queue.retry_task(app, task_id))
     click.echo(f"retrying {rec.task} id {rec.id}: available now")
+
+
+@tasks.command("show")
+@click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def show_cmd(obj: Context, task_id: int, as_json: bool) -> None:
+    """Show one task: its fields, what it returned (once succeeded) and its last error."""
+    rec = obj.call(lambda app: app.task_record(task_id))
+    click.echo(render.dumps(render.task_dict(rec)) if as_json else render.task_detail(rec))
 
 
 @tasks.command("discard")

@@ -318,3 +318,13 @@ class Dialect(abc.ABC):
         """Whether an error a task's transaction met is a conflict with another writer that
         running the attempt again resolves (SQLite's write lock), not the task's failing."""
         return False
+
+    concurrent_leases = False
+    """Whether two transactions may lease at once (Postgres), so that one may miss the
+    other's lease committed while it ran: a lease of limited tasks then counts again."""
+
+    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
+        """Inside a lease: true if this transaction holds (or now took, without waiting) the
+        lock of one limit group (`kind` "c" or "r", the task, the group's key). Without
+        concurrent leases (SQLite's single writer) there is nothing to take."""
+        return sa.true()

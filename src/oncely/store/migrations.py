@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import sql
 from .dialects import dialect_for
-from .tables import runs, schema_versions, tasks, workers
+from .tables import runs, schema_versions, task_starts, tasks, workers
 
 
 def _v1_runs(conn: Connection) -> None:
@@ -35,7 +36,42 @@ def _v3_lean_indexes(conn: Connection) -> None:
     conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_state")
 
 
-def _v4_workers(conn: Connection) -> None:
+_V4_COLUMNS = (
+    "priority",
+    "concurrency_key",
+    "concurrency",
+    "rate_key",
+    "rate",
+    "rate_period",
+    "result",
+)
+_V4_INDEXES = (
+    "oncely_tasks_next",
+    "oncely_tasks_next_by_queue",
+    "oncely_tasks_next_limited",
+    "oncely_tasks_limited_running",
+)
+
+
+def _v4_limits(conn: Connection) -> None:
+    # Priorities, limits and results: new nullable columns (priority defaults to 0, so no
+    # row is rewritten on Postgres 11+), the lease-order indexes in place of the due ones,
+    # and the table of recent starts that rate limits count. A database that v2 created
+    # from this release's tables has them all already: only what is missing is added.
+    present = {c["name"] for c in sa.inspect(conn).get_columns("oncely_tasks")}
+    for name in _V4_COLUMNS:
+        if name not in present:
+            column = sa.schema.CreateColumn(tasks.c[name]).compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE oncely_tasks ADD COLUMN {column}")
+    for index in tasks.indexes:
+        if index.name in _V4_INDEXES:
+            index.create(conn, checkfirst=True)
+    conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_due")
+    conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_due_by_queue")
+    task_starts.create(conn, checkfirst=True)
+
+
+def _v5_workers(conn: Connection) -> None:
     workers.create(conn, checkfirst=True)
 
 
@@ -45,16 +81,17 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "the oncely_runs ledger", _v1_runs),
     (2, "the oncely_tasks queue (and its NOTIFY trigger on Postgres)", _v2_tasks),
     (3, "oncely_tasks: partial indexes for keyed and finished tasks", _v3_lean_indexes),
-    (4, "oncely_workers: live task workers and the task names they lease", _v4_workers),
+    (4, "oncely_tasks: priorities, concurrency and rate limits, results", _v4_limits),
+    (5, "oncely_workers: live task workers and the task names they lease", _v5_workers),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
 LATEST = MIGRATIONS[-1][0]
 
-REQUIRED = 2
-"""The oldest schema this oncely runs on. v3 changes only indexes, and this oncely's
-statements work with v2's as well: upgrade every process first, then `oncely migrate` (an
-older oncely cannot enqueue on v3, whose key index its conflict target does not name)."""
+REQUIRED = 4
+"""The oldest schema this oncely runs on. v4 adds the columns that this oncely's enqueue and
+lease statements name: run `oncely migrate` first, then upgrade the processes (an older
+oncely runs on v4: its statements leave the new columns at their defaults)."""
 
 
 def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> list[int]:

@@ -196,7 +196,8 @@ TASK_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO on"
 TASK_ACK_AND_COMMIT = (
     "WITH acked AS (UPDATE oncely_tasks SET state = 'succeeded', "
     "finished_at = clock_timestamp(), lease_expires_at = NULL "
-    "WHERE id = {id:d} AND lease_token = '{token}' AND state = 'running' RETURNING 1) "
+    "WHERE id = {id:d} AND lease_token = '{token}' AND state = 'running' "
+    "AND (concurrency IS NULL OR lease_expires_at > clock_timestamp()) RETURNING 1) "
     "SELECT 1 / count(*) FROM acked; COMMIT"
 )
 # The two values above are written into the message, not bound: a simple query (the only kind
@@ -385,6 +386,17 @@ class PostgresDialect(Dialect):
 
     database_clock = True
 
+    concurrent_leases = True
+
+    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
+        # 64 bits of the group's name (tagged by kind) as the two-int form, like the slot
+        # locks: (hi, lo) never meet an application's one-key locks.
+        name = sa.literal(f"oncely:{kind}:", sa.Text) + task + sa.literal("\x1f", sa.Text) + key
+        h = sa.func.hashtextextended(name, 0)
+        hi = sa.cast(h.op(">>")(32), sa.Integer)
+        lo = sa.cast(h.op("&")(0xFFFFFFFF) - 0x80000000, sa.Integer)
+        return sa.func.pg_try_advisory_xact_lock(hi, lo)
+
     def due_at(self, run_at: Any, delay: Any) -> Any:
         return sa.func.coalesce(
             run_at, sa.func.clock_timestamp() + sa.func.make_interval(0, 0, 0, 0, 0, 0, delay)
@@ -547,13 +559,18 @@ async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIt
 # of a thousand tasks to a few microseconds each on both sides.
 _ENQUEUE_MANY = """
     INSERT INTO oncely_tasks
-        (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+        (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
+         priority, concurrency_key, concurrency, rate_key, rate, rate_period)
     SELECT coalesce(u.task, {task}), coalesce(u.queue, {queue}), u.args, 'available', 0,
            coalesce(u.run_at, clock_timestamp() + make_interval(secs => coalesce(u.delay, 0))),
-           clock_timestamp(), u.key
+           clock_timestamp(), u.key, coalesce(u.priority, 0), u.ckey, u.conc, u.rkey, u.rate,
+           u.period
     FROM ROWS FROM (jsonb_array_elements({args}), unnest({tasks}), unnest({queues}),
-                    unnest({keys}), unnest({run_ats}), unnest({delays}))
-         WITH ORDINALITY AS u(args, task, queue, key, run_at, delay, ord)
+                    unnest({keys}), unnest({run_ats}), unnest({delays}), unnest({priorities}),
+                    unnest({ckeys}), unnest({concs}), unnest({rkeys}), unnest({rates}),
+                    unnest({periods}))
+         WITH ORDINALITY AS u(args, task, queue, key, run_at, delay, priority, ckey, conc, rkey,
+                              rate, period, ord)
     ORDER BY u.ord
     ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, run_at, created_at
@@ -567,8 +584,23 @@ _ENQUEUE_TYPES = {
     "keys": "varchar[]",
     "run_ats": "timestamptz[]",
     "delays": "float8[]",
+    "priorities": "int4[]",
+    "ckeys": "varchar[]",
+    "concs": "int4[]",
+    "rkeys": "varchar[]",
+    "rates": "int4[]",
+    "periods": "float8[]",
 }
-_ENQUEUE_ORDER = ("args", "task", "queue", "tasks", "queues", "keys", "run_ats", "delays")
+_ENQUEUE_ORDER = tuple(_ENQUEUE_TYPES)
+_ENQUEUE_LIMITS = {
+    "priorities": "p_priority",
+    "ckeys": "p_ckey",
+    "concs": "p_conc",
+    "rkeys": "p_rkey",
+    "rates": "p_rate",
+    "periods": "p_period",
+}
+"""The limit columns' arrays and their parameter in an enqueue's parameter set."""
 
 ENQUEUE = sa.text(
     _ENQUEUE_MANY.format(**{k: f"CAST(:{k} AS {t})" for k, t in _ENQUEUE_TYPES.items()})
@@ -608,7 +640,16 @@ def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
         "keys": keys if any(k is not None for k in keys) else None,
         "run_ats": run_ats if any(r is not None for r in run_ats) else None,
         "delays": delays if any(delays) else None,
+        **{name: _array(params, p) for name, p in _ENQUEUE_LIMITS.items()},
     }
+
+
+def _array(params: list[dict[str, Any]], name: str) -> list[Any] | None:
+    """One parameter of every set, or None if it is None in all of them (a priority: 0, its
+    default). A limit group's key may be "" (the task's own group): kept."""
+    values = [p.get(name) for p in params]
+    empty = (None, 0) if name == "p_priority" else (None,)
+    return values if any(v not in empty for v in values) else None
 
 
 # -- enqueue on a caller's asyncpg connection -----------------------------------------------
@@ -617,10 +658,12 @@ def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
 
 DRIVER_ENQUEUE_ONE = """
     INSERT INTO oncely_tasks
-        (task, queue, args, state, attempt, run_at, created_at, idempotency_key)
+        (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
+         priority, concurrency_key, concurrency, rate_key, rate, rate_period)
     VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
             coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
-            clock_timestamp(), $4::varchar)
+            clock_timestamp(), $4::varchar, coalesce($7::int4, 0), $8::varchar, $9::int4,
+            $10::varchar, $11::int4, $12::float8)
     ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, run_at, created_at
 """
@@ -628,7 +671,8 @@ DRIVER_ENQUEUE_ONE = """
 # The retained tasks of one task name with these idempotency keys (the duplicates' records).
 DRIVER_TASKS_BY_KEYS = """
     SELECT id, task, queue, args::text AS args, state, attempt, run_at, created_at,
-           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error
+           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error,
+           priority, result
     FROM oncely_tasks WHERE task = $1::varchar AND idempotency_key = any($2::varchar[])
 """
 
@@ -665,6 +709,7 @@ async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any
                 p["p_key"],
                 p["p_run_at"],
                 p["p_delay"],
+                *(p.get(name) for name in _ENQUEUE_LIMITS.values()),
             )
             return [Enqueued._make(record)] if record is not None else []
         many = enqueue_many_params(params)

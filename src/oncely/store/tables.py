@@ -82,8 +82,28 @@ tasks = sa.Table(
     sa.Column("lease_expires_at", UTCDateTime(), nullable=True),
     sa.Column("finished_at", UTCDateTime(), nullable=True),
     sa.Column("error", sa.Text, nullable=True),
+    # Schema v4: lease order, limits (copied from the task's registration at enqueue, so
+    # every worker enforces the same ones) and the return value.
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("concurrency_key", sa.String(255), nullable=True),
+    sa.Column("concurrency", sa.Integer, nullable=True),
+    sa.Column("rate_key", sa.String(255), nullable=True),
+    sa.Column("rate", sa.Integer, nullable=True),
+    sa.Column("rate_period", sa.Float, nullable=True),
+    sa.Column("result", sa.Text, nullable=True),
     comment="One row per queued task; its state changes commit with the task's own work.",
 )
+
+task_starts = sa.Table(
+    "oncely_task_starts",
+    metadata,
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("key", sa.String(255), nullable=False),
+    sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+    comment="Recent attempt starts of rate-limited tasks (schema v4): what a rate counts.",
+)
+sa.Index("oncely_task_starts_key", task_starts.c.task, task_starts.c.key, task_starts.c.expires_at)
 
 
 def _partial_index(name: str, *columns: Any, where: Any, unique: bool = False) -> sa.Index:
@@ -96,11 +116,25 @@ def _partial_index(name: str, *columns: Any, where: Any, unique: bool = False) -
 # or acked. Conflict targets name the predicate (`tasks_sql.KEYED`) to infer this index.
 _KEYED = tasks.c.idempotency_key.is_not(None)
 _partial_index("oncely_tasks_key", tasks.c.task, tasks.c.idempotency_key, where=_KEYED, unique=True)
-# What a worker fetches: due, available tasks (of its queues), oldest first.
+# What a worker fetches: due, available tasks (of its queues) in lease order: highest
+# priority first, then oldest (schema v4). Tasks with a limit have an index of their own, so
+# that a lease takes the free ones in one index scan and looks at the limited ones apart.
 _AVAILABLE = tasks.c.state == "available"
-_partial_index("oncely_tasks_due", tasks.c.run_at, tasks.c.id, where=_AVAILABLE)
+LIMITED = sa.or_(tasks.c.concurrency.is_not(None), tasks.c.rate.is_not(None))
+"""The tasks that a concurrency or a rate limit holds back (the predicate of their index)."""
+UNLIMITED = sa.and_(tasks.c.concurrency.is_(None), tasks.c.rate.is_(None))
+LEASE_ORDER = (tasks.c.priority.desc(), tasks.c.run_at, tasks.c.id)
+_partial_index("oncely_tasks_next", *LEASE_ORDER, where=sa.and_(_AVAILABLE, UNLIMITED))
 _partial_index(
-    "oncely_tasks_due_by_queue", tasks.c.queue, tasks.c.run_at, tasks.c.id, where=_AVAILABLE
+    "oncely_tasks_next_by_queue", tasks.c.queue, *LEASE_ORDER, where=sa.and_(_AVAILABLE, UNLIMITED)
+)
+_partial_index("oncely_tasks_next_limited", *LEASE_ORDER, where=sa.and_(_AVAILABLE, LIMITED))
+# Live leases of tasks with a concurrency limit, by limit group: what a lease counts.
+_partial_index(
+    "oncely_tasks_limited_running",
+    tasks.c.task,
+    tasks.c.concurrency_key,
+    where=sa.and_(tasks.c.state == "running", tasks.c.concurrency.is_not(None)),
 )
 # What the rescuer looks at: leases that may have run out.
 _partial_index("oncely_tasks_leases", tasks.c.lease_expires_at, where=tasks.c.state == "running")

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -85,7 +85,12 @@ def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
         lease_expires_at=row.lease_expires_at,
         error=row.error,
         duplicate=duplicate,
+        priority=row.priority,
+        result=None if row.result is None else json.loads(row.result),
     )
+
+
+_LIMITS = [(c, pt) for c, pt in tasks_sql.LIMIT_PARAMS.items() if c != "priority"]
 
 
 def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,6 +110,8 @@ def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[st
                 "p_key": entry.get("idempotency_key"),
                 "p_run_at": run_at,
                 "p_delay": delay,
+                "p_priority": entry.get("priority", 0),
+                **{p: entry.get(column) for column, (p, _) in _LIMITS},
                 **now_params,
             }
         )
@@ -139,6 +146,7 @@ def _fresh(row: Any, entry: dict[str, Any]) -> TaskRecord:
         run_at=row.run_at,
         created_at=row.created_at,
         idempotency_key=entry.get("idempotency_key"),
+        priority=entry.get("priority", 0),
     )
     return rec
 
@@ -279,6 +287,8 @@ class Settle:
     state: TaskState
     wait: float | None = None
     error: str | None = None
+    result: str | None = None
+    """A success's return value, as JSON text (`tasks.encode_result`), or None."""
 
 
 class TaskTransaction:
@@ -320,10 +330,11 @@ class TaskTransaction:
         self.touched = True
         self._driver = self.dialect.begin_task(connection)
 
-    async def commit(self) -> bool | None:
-        """Flush what the task left pending, then ack it and commit its work with the ack:
-        True; False if its lease was lost (nothing of it committed); None if the task made
-        no statement (nothing to commit: its ack is a `Settle` for the worker to write)."""
+    async def commit(self, result: str | None = None) -> bool | None:
+        """Flush what the task left pending, then ack it and commit its work with the ack
+        (and its `result`, JSON text, if any): True; False if its lease was lost (nothing of
+        it committed); None if the task made no statement (nothing to commit: its ack is a
+        `Settle` for the worker to write)."""
         session, sync = self.session, self.session.sync_session
         if sync.new or sync.dirty or sync.deleted:
             await session.flush()  # the task's own work: an error here is the task's
@@ -332,15 +343,17 @@ class TaskTransaction:
         hand_back(sync)
         item = self.item
         with self.tasks.store.translate():
-            if self._driver is not None:
+            if self._driver is not None and result is None:
                 hooks.before_commit(item.task, str(item.id))
                 return await self.dialect.ack_and_commit(self._driver, item.id, item.token)
-            params = {"p_ids": [item.id], "p_token": item.token, **self.dialect.now_params()}
-            if (await session.execute(self.tasks.ack_statement, params)).first() is None:
+            if (await session.execute(*self.tasks.ack_one(item, result))).first() is None:
                 await session.rollback()
                 return False
             hooks.before_commit(item.task, str(item.id))
-            await session.commit()
+            if self._driver is not None:
+                await self._driver.execute("COMMIT")  # the transaction begun on the driver
+            else:
+                await session.commit()
             return True
 
     async def close(self) -> None:
@@ -380,11 +393,18 @@ class AttemptGivenUp(Exception):
 
 
 def run_sync_attempt(
-    tasks: TaskStore, func: Any, item: Leased, fence: Fence, *, eager: bool = False
-) -> bool | None:
+    tasks: TaskStore,
+    func: Any,
+    item: Leased,
+    fence: Fence,
+    encode: Callable[[Any], str | None],
+    *,
+    eager: bool = False,
+) -> tuple[bool | None, str | None]:
     """Run a plain `def` task in this (worker) thread, in its own transaction on a
-    synchronous session: True if its work and ack committed, False if its lease was lost,
-    None if it made no statement (its ack is then the worker's to write)."""
+    synchronous session; (True if its work and ack committed, False if its lease was lost,
+    None if it made no statement: its ack is then the worker's to write; its return value
+    as `encode` made it JSON text, stored with the success)."""
     store = tasks.store
     sessions = store.sync_sessions
     options = tasks.dialect.task_options(eager=eager)
@@ -394,31 +414,57 @@ def run_sync_attempt(
         session.bind = session.get_bind().execution_options(**options)
     event.listen(session, "after_begin", lambda *_: touched.append(True))
     try:
-        func(session, **item.args)
+        result = encode(func(session, **item.args))
         if session.new or session.dirty or session.deleted:
             session.flush()
         what = violation(session)
         if what is not None:
             raise JobTransactionError(f"the task called {what}() on oncely's session")
         if not touched:
-            return None
+            return None, result
         hand_back(session)
-        params = {"p_ids": [item.id], "p_token": item.token, **tasks.dialect.now_params()}
         with store.translate(), fence.lock:
             if fence.closed:
                 session.rollback()
                 raise AttemptGivenUp("the attempt was given up before it could commit")
-            if session.execute(tasks.ack_statement, params).first() is None:
+            if session.execute(*tasks.ack_one(item, result)).first() is None:
                 session.rollback()
-                return False
+                return False, result
             hooks.before_commit(item.task, str(item.id))
             session.commit()
-            return True
+            return True, result
     finally:
         hand_back(session)
         with contextlib.suppress(Exception):
             session.close()
         end(session)
+
+
+def _groups(rows: list[Any], limit: str, key: str) -> dict[tuple[str, str], list[Any]]:
+    """The leased rows with a `limit`, by group (task, key), each group in lease order."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in sorted(rows, key=lambda r: (-r.priority, r.run_at, r.id)):
+        if getattr(r, limit) is not None:
+            groups.setdefault((r.task, getattr(r, key)), []).append(r)
+    return groups
+
+
+def _beyond(
+    groups: dict[tuple[str, str], list[Any]],
+    counts: dict[tuple[str, str], int],
+    limit: str,
+    *,
+    own_counted: bool,
+) -> set[int]:
+    """The last rows of each group past its limit, given the group's count (which includes
+    this lease's own rows if `own_counted`)."""
+    over: set[int] = set()
+    for group, own in groups.items():
+        total = counts.get(group, 0) + (0 if own_counted else len(own))
+        excess = total - min(getattr(r, limit) for r in own)
+        if excess > 0:
+            over.update(r.id for r in own[-excess:])
+    return over
 
 
 class TaskStore:
@@ -428,6 +474,7 @@ class TaskStore:
         self.store = store
         self.dialect = store.dialect
         self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
+        self.ack_result_statement = tasks_sql.ack_with_result(self.dialect.now_sql())
         self._fetch: dict[tuple[tuple[str, ...] | None, float, tuple[str, ...] | None], Any] = {}
 
     def _fetch_statement(
@@ -447,7 +494,9 @@ class TaskStore:
                 if self.dialect.database_clock
                 else sa.bindparam("p_until", type_=tables.tasks.c.lease_expires_at.type)
             )
-            stmt = self._fetch[key] = tasks_sql.fetch(queues, self.dialect.now_sql(), until, key[2])
+            stmt = self._fetch[key] = tasks_sql.fetch(
+                queues, self.dialect.now_sql(), until, key[2], self.dialect.limit_lock
+            )
         return stmt
 
     async def lease(
@@ -460,16 +509,87 @@ class TaskStore:
         lease: float,
         names: Sequence[str] | None = None,
     ) -> list[Leased]:
-        """Lease up to `limit` due tasks in `conn`'s open transaction, oldest id first; with
-        `names`, only tasks of those names."""
+        """Lease up to `limit` due tasks in `conn`'s open transaction, highest priority first,
+        then oldest; with `names`, only tasks of those names. Tasks over a concurrency or
+        rate limit are left waiting (their attempts not counted)."""
         params: dict[str, Any] = {"p_limit": limit, "p_token": token, "p_by": by}
+        params["p_scan"] = 2 * limit + tasks_sql.SCAN
         params.update(self.dialect.now_params())
         if not self.dialect.database_clock:
             params["p_until"] = self.dialect.after(lease)
-        rows = (await conn.execute(self._fetch_statement(queues, lease, names), params)).all()
-        leased = [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
-        leased.sort(key=lambda item: item.id)
-        return leased
+        rows = list(await conn.execute(self._fetch_statement(queues, lease, names), params))
+        if any(r.concurrency is not None or r.rate is not None for r in rows):
+            rows = await self._limited(conn, rows, token)
+        rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        return [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+
+    async def _limited(self, conn: AsyncConnection, rows: list[Any], token: str) -> list[Any]:
+        """After a lease that took limited tasks: on a database where another leaser's commit
+        may have escaped the lease's snapshot, count again (now that this transaction holds
+        the groups' locks) and give back what is over; then record the rate starts."""
+        if self.dialect.concurrent_leases:
+            over = await self._over(conn, rows)
+            if over:
+                await conn.execute(tasks_sql.unlease(sorted(over), token))
+                rows = [r for r in rows if r.id not in over]
+        rated = [r for r in rows if r.rate is not None]
+        if rated:
+            groups = sorted({(r.task, r.rate_key) for r in rated})
+            await conn.execute(
+                tasks_sql.forget_starts(groups, self.dialect.now_sql()), self.dialect.now_params()
+            )
+            starts = [
+                {
+                    "p_task": r.task,
+                    "p_key": r.rate_key,
+                    "p_at": r.started_at,
+                    "p_until": r.started_at + timedelta(seconds=r.rate_period),
+                }
+                for r in rated
+            ]
+            await conn.execute(tasks_sql.record_starts(), starts)
+        return rows
+
+    async def _over(self, conn: AsyncConnection, rows: list[Any]) -> set[int]:
+        """The ids of leased tasks beyond their groups' room, counted in a fresh snapshot."""
+        over: set[int] = set()
+        concurrent = _groups(rows, "concurrency", "concurrency_key")
+        if concurrent:
+            stmt = tasks_sql.live_leases(sorted(concurrent), self.dialect.now())
+            counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
+            over |= _beyond(concurrent, counts, "concurrency", own_counted=True)
+        rated = _groups(rows, "rate", "rate_key")
+        if rated:
+            earliest = min(r.started_at for r in rows if r.rate is not None)
+            stmt = tasks_sql.recent_starts(sorted(rated), earliest)
+            counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
+            over |= _beyond(rated, counts, "rate", own_counted=False)
+        return over
+
+    async def ack(
+        self,
+        conn: AsyncConnection,
+        leased: Sequence[Leased],
+        results: Mapping[int, str] | None = None,
+    ) -> set[int]:
+        """In `conn`'s open transaction (the tasks' own work's): mark these tasks succeeded
+        iff their leases are still ours; the ids that were. Tasks without a result take one
+        statement per lease token; a task with one (`results`, by id: JSON text, bound as a
+        parameter) one statement of its own, which stores it with the success."""
+        results = results or {}
+        held: set[int] = set()
+        plain = [item for item in leased if item.id not in results]
+        for token, ids in _by_token(plain).items():
+            params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
+            rows = await conn.execute(self.ack_statement, params)
+            held.update(r.id for r in rows)
+        for item in leased:
+            if item.id in results:
+                params = {"p_id": item.id, "p_token": item.token, "p_result": results[item.id]}
+                params.update(self.dialect.now_params())
+                rows = await conn.execute(self.ack_result_statement, params)
+                held.update(r.id for r in rows)
+        return held
 
     async def fetch(
         self,
@@ -486,6 +606,17 @@ class TaskStore:
             async with conn.begin():
                 return await self.lease(conn, queues, limit, token, by, lease, names)
 
+    def ack_one(self, item: Leased, result: str | None) -> tuple[Any, dict[str, Any]]:
+        """The ack of one task (with its result, if any) as (statement, parameters)."""
+        if result is None:
+            return self.ack_statement, {
+                "p_ids": [item.id],
+                "p_token": item.token,
+                **self.dialect.now_params(),
+            }
+        params = {"p_id": item.id, "p_token": item.token, "p_result": result}
+        return self.ack_result_statement, {**params, **self.dialect.now_params()}
+
     def transaction(self, pool: TaskPool, item: Leased, *, eager: bool = False) -> TaskTransaction:
         """A leased task's own transaction, on a worker's pool (see TaskTransaction)."""
         return TaskTransaction(self, pool, item, eager=eager)
@@ -497,13 +628,11 @@ class TaskStore:
         (on a worker's control connection, each statement is its own transaction and does
         not wait for the disk: none of these tasks changed the database); the ids written (a
         missing id lost its lease)."""
-        done: set[int] = set()
         acks = [s.item for s in settles if s.state is TaskState.SUCCEEDED]
+        results = {s.item.id: s.result for s in settles if s.result is not None}
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
-                for token, ids in _by_token(acks).items():
-                    params = {"p_ids": ids, "p_token": token, **self.dialect.now_params()}
-                    done.update(r.id for r in await conn.execute(self.ack_statement, params))
+                done = await self.ack(conn, acks, results)
                 for s in settles:
                     if s.state is TaskState.SUCCEEDED:
                         continue
@@ -525,7 +654,10 @@ class TaskStore:
         if not leased:
             return set()
         stmt = tasks_sql.heartbeat(
-            [t.id for t in leased], sorted({t.token for t in leased}), self.dialect.after(lease)
+            [t.id for t in leased],
+            sorted({t.token for t in leased}),
+            self.dialect.after(lease),
+            self.dialect.now(),
         )
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:

@@ -7,13 +7,13 @@ compare-and-set on (id, lease_token): a worker's token changes hands only throug
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from .tables import runs, tasks, workers
+from .tables import LEASE_ORDER, LIMITED, UNLIMITED, runs, task_starts, tasks, workers
 
 AVAILABLE, RUNNING, SUCCEEDED, DISCARDED, DEAD = (
     "available",
@@ -28,12 +28,11 @@ KEYED = tasks.c.idempotency_key.is_not(None)
 """The predicate of the idempotency index: an enqueue's conflict target names it (a unique
 index over all rows, schema v2's, satisfies it too)."""
 
-_FETCHED = (tasks.c.id, tasks.c.task, tasks.c.args, tasks.c.attempt, tasks.c.queue)
-
 
 def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
-    """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay),
-    executemany; a row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
+    """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay
+    and the limits: p_priority, p_ckey, p_conc, p_rkey, p_rate, p_period), executemany; a
+    row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
     Postgres inserts them all in one round trip instead (postgres.ENQUEUE)."""
     return (
         insert(tasks)
@@ -46,12 +45,30 @@ def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
             run_at=run_at,
             created_at=created_at,
             idempotency_key=sa.bindparam("p_key", type_=sa.String()),
+            **limit_values(),
         )
         .on_conflict_do_nothing(
             index_elements=[tasks.c.task, tasks.c.idempotency_key], index_where=KEYED
         )
         .returning(*ENQUEUED)
     )
+
+
+LIMIT_PARAMS: dict[str, tuple[str, Any]] = {
+    "priority": ("p_priority", sa.Integer()),
+    "concurrency_key": ("p_ckey", sa.String()),
+    "concurrency": ("p_conc", sa.Integer()),
+    "rate_key": ("p_rkey", sa.String()),
+    "rate": ("p_rate", sa.Integer()),
+    "rate_period": ("p_period", sa.Float()),
+}
+"""Each limit column of an enqueue, its parameter and type (values from the entry's key of
+the column's name)."""
+
+
+def limit_values() -> dict[str, Any]:
+    """The bound limit columns of an enqueue's row."""
+    return {column: sa.bindparam(p, type_=t) for column, (p, t) in LIMIT_PARAMS.items()}
 
 
 ENQUEUED = (tasks.c.id, tasks.c.task, tasks.c.idempotency_key, tasks.c.run_at, tasks.c.created_at)
@@ -71,31 +88,237 @@ def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
     return sa.select(tasks).where(tasks.c.task == task, tasks.c.idempotency_key.in_(keys))
 
 
-def fetch(
-    queues: Sequence[str] | None, now: Any, until: Any, names: Sequence[str] | None = None
-) -> Any:
-    """Lease up to :p_limit due tasks (skipping rows other workers hold) for :p_token and
-    :p_by: one attempt each. Built once per worker; `until` is the lease's end.
+LimitLock = Callable[[str, Any, Any], Any]
+"""(kind, task, key) -> an SQL expression that tries, without waiting, to take the limit
+group's transaction lock ("c": a concurrency group, "r": a rate group) and is true if it got
+it; the dialect's (`Dialect.limit_lock`)."""
 
-    `names`: only tasks of these names (the ones the worker has registered), so a task that
-    a worker of another release does not know waits for one that does. A plain IN list on
-    the column: the due index (run_at, id of available rows) still drives the scan, and the
-    filter is checked on the rows it yields.
-    """
+FETCHED = (
+    tasks.c.id,
+    tasks.c.task,
+    tasks.c.args,
+    tasks.c.attempt,
+    tasks.c.queue,
+    tasks.c.priority,
+    tasks.c.run_at,
+    tasks.c.started_at,
+    tasks.c.concurrency_key,
+    tasks.c.concurrency,
+    tasks.c.rate_key,
+    tasks.c.rate,
+    tasks.c.rate_period,
+)
+"""What a lease reads back of each task: what it runs, its lease order and its limits."""
+
+
+def _due(
+    now: Any,
+    limited: Any,
+    limit: Any,
+    queues: Sequence[str] | None,
+    names: Sequence[str] | None,
+    *,
+    lock: bool,
+) -> Any:
+    """Due available tasks (free or `limited` ones), in lease order; with `lock`, locked,
+    skipping rows other leasers hold."""
     due = (
-        sa.select(tasks.c.id)
-        .where(tasks.c.state == AVAILABLE, tasks.c.run_at <= now)
-        .order_by(tasks.c.run_at, tasks.c.id)
-        .limit(sa.bindparam("p_limit", type_=sa.Integer()))
-        .with_for_update(skip_locked=True)
+        sa.select(*(c for c in tasks.c if c.name != "args" and c.name != "result"))
+        .where(tasks.c.state == AVAILABLE, tasks.c.run_at <= now, limited)
+        .order_by(*LEASE_ORDER)
+        .limit(limit)
     )
+    if lock:
+        due = due.with_for_update(skip_locked=True)
     if queues is not None:
         due = due.where(tasks.c.queue.in_(list(queues)))
     if names is not None:
         due = due.where(tasks.c.task.in_(list(names)))
+    return due
+
+
+def _admitted(now: Any, lim: Any) -> Any:
+    """Of the limited candidates `lim`: the ones their groups have room for now.
+
+    A candidate is admitted if its rank in its concurrency group (task, concurrency_key) is
+    within the limit minus the group's live leases, and its rank in its rate group (task,
+    rate_key) within the rate minus the starts of the last period.
+    """
+    order = [lim.c.priority.desc(), lim.c.run_at, lim.c.id]
+    ranked = sa.select(
+        lim,
+        sa.func.row_number()
+        .over(partition_by=[lim.c.task, lim.c.concurrency_key], order_by=order)
+        .label("c_rank"),
+        sa.func.row_number()
+        .over(partition_by=[lim.c.task, lim.c.rate_key], order_by=order)
+        .label("r_rank"),
+    ).cte("ranked")
+    c_groups = (
+        sa.select(lim.c.task, lim.c.concurrency_key)
+        .where(lim.c.concurrency.is_not(None))
+        .distinct()
+        .cte("c_groups")
+    )
+    live = tasks.alias("live")
+    running = (
+        sa.select(live.c.task, live.c.concurrency_key, sa.func.count().label("n"))
+        .join(
+            c_groups,
+            sa.and_(
+                live.c.task == c_groups.c.task,
+                live.c.concurrency_key == c_groups.c.concurrency_key,
+            ),
+        )
+        .where(
+            live.c.state == RUNNING,
+            live.c.concurrency.is_not(None),
+            live.c.lease_expires_at > now,
+        )
+        .group_by(live.c.task, live.c.concurrency_key)
+        .cte("running")
+    )
+    r_groups = (
+        sa.select(lim.c.task, lim.c.rate_key)
+        .where(lim.c.rate.is_not(None))
+        .distinct()
+        .cte("r_groups")
+    )
+    started = (
+        sa.select(task_starts.c.task, task_starts.c.key, sa.func.count().label("n"))
+        .join(
+            r_groups,
+            sa.and_(
+                task_starts.c.task == r_groups.c.task, task_starts.c.key == r_groups.c.rate_key
+            ),
+        )
+        .where(task_starts.c.expires_at > now)
+        .group_by(task_starts.c.task, task_starts.c.key)
+        .cte("started")
+    )
+    c_room = ranked.c.concurrency - sa.func.coalesce(running.c.n, 0)
+    r_room = ranked.c.rate - sa.func.coalesce(started.c.n, 0)
+    admitted = (
+        sa.select(ranked)
+        .outerjoin(
+            running,
+            sa.and_(
+                ranked.c.task == running.c.task,
+                ranked.c.concurrency_key == running.c.concurrency_key,
+            ),
+        )
+        .outerjoin(
+            started,
+            sa.and_(ranked.c.task == started.c.task, ranked.c.rate_key == started.c.key),
+        )
+        .where(
+            sa.or_(ranked.c.concurrency.is_(None), ranked.c.c_rank <= c_room),
+            sa.or_(ranked.c.rate.is_(None), ranked.c.r_rank <= r_room),
+        )
+        .cte("admitted")
+    )
+    return admitted
+
+
+_PICKED: tuple[str, ...] = ("id", "priority", "run_at", "task", "concurrency_key")
+_PICKED += ("concurrency", "rate_key", "rate")
+
+
+def _locked(picked: Any, lock: LimitLock) -> Any:
+    """Of the tasks `picked` for this lease: the free ones, and the limited ones whose groups'
+    locks this transaction took (a group another leaser holds is skipped: losers do not
+    wait). Only the groups of picked tasks are locked, so a lease holds no group it takes
+    nothing of."""
+    # One lock per group, a volatile expression in the select list of a grouped query:
+    # evaluated once per group, for these groups only.
+    c_locks = (
+        sa.select(
+            picked.c.task,
+            picked.c.concurrency_key,
+            lock("c", picked.c.task, picked.c.concurrency_key).label("got"),
+        )
+        .where(picked.c.concurrency.is_not(None))
+        .group_by(picked.c.task, picked.c.concurrency_key)
+        .cte("c_locks")
+    )
+    r_locks = (
+        sa.select(
+            picked.c.task,
+            picked.c.rate_key,
+            lock("r", picked.c.task, picked.c.rate_key).label("got"),
+        )
+        .where(picked.c.rate.is_not(None))
+        .group_by(picked.c.task, picked.c.rate_key)
+        .cte("r_locks")
+    )
+    c_got = sa.exists().where(
+        c_locks.c.task == picked.c.task,
+        c_locks.c.concurrency_key == picked.c.concurrency_key,
+        c_locks.c.got,
+    )
+    r_got = sa.exists().where(
+        r_locks.c.task == picked.c.task, r_locks.c.rate_key == picked.c.rate_key, r_locks.c.got
+    )
+    return sa.select(picked.c.id).where(
+        sa.or_(picked.c.concurrency.is_(None), c_got),
+        sa.or_(picked.c.rate.is_(None), r_got),
+    )
+
+
+SCAN = 64
+"""Limited candidates a lease looks at beyond twice its batch (see `fetch`)."""
+
+
+def fetch(
+    queues: Sequence[str] | None,
+    now: Any,
+    until: Any,
+    names: Sequence[str] | None = None,
+    lock: LimitLock | None = None,
+) -> Any:
+    """Lease up to :p_limit due tasks (skipping rows other workers hold) for :p_token and
+    :p_by, highest priority first, then oldest: one attempt each. Built once per worker;
+    `until` is the lease's end.
+
+    Free tasks (no limit) come from one index scan in lease order, locked as they are read
+    (SKIP LOCKED). Tasks with a concurrency or rate limit come from an index of their own:
+    the first :p_scan due ones are ranked in their groups and admitted while their groups
+    have room (`_admitted`); the rest wait, unleased, their attempts not counted. Both
+    kinds merge in lease order up to :p_limit.
+
+    `names`: only tasks of these names (the ones the worker has registered), so a task that
+    a worker of another release does not know waits for one that does. A plain IN list on
+    the column: the lease-order index still drives the scan, and the filter is checked on
+    the rows it yields.
+    """
+    lock = lock or (lambda _kind, _task, _key: sa.true())
+    limit = sa.bindparam("p_limit", type_=sa.Integer())
+    free = _due(now, UNLIMITED, limit, queues, names, lock=True).cte("free")
+    scan = sa.bindparam("p_scan", type_=sa.Integer())
+    lim = _due(now, LIMITED, scan, queues, names, lock=False).cte("lim")
+    admitted = _admitted(now, lim)
+    both = sa.union_all(
+        sa.select(*(free.c[name] for name in _PICKED)),
+        sa.select(*(admitted.c[name] for name in _PICKED)),
+    ).subquery("both")
+    picked = (
+        sa.select(both)
+        .order_by(both.c.priority.desc(), both.c.run_at, both.c.id)
+        .limit(limit)
+        .cte("picked")
+    )
+    # The limited candidates were read, not locked (a lease in a long transaction would
+    # otherwise hold every row it looked at); the chosen ones are locked now, skipping those
+    # another leaser holds, and checked again (a row leased since is no longer available).
+    chosen = (
+        sa.select(tasks.c.id)
+        .where(tasks.c.id.in_(_locked(picked, lock)), tasks.c.state == AVAILABLE)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
     return (
         sa.update(tasks)
-        .where(tasks.c.id.in_(due.scalar_subquery()))
+        .where(tasks.c.id.in_(chosen))
         .values(
             state=RUNNING,
             attempt=tasks.c.attempt + 1,
@@ -105,8 +328,74 @@ def fetch(
             lease_expires_at=until,
             finished_at=None,
         )
-        .returning(*_FETCHED)
+        .returning(*FETCHED)
     )
+
+
+def live_leases(groups: Sequence[tuple[str, str]], now: Any) -> sa.Select[Any]:
+    """How many live leases each of these concurrency groups (task, key) has: what a lease
+    checks again, in a fresh snapshot, once it holds the groups' locks (Postgres)."""
+    return (
+        sa.select(tasks.c.task, tasks.c.concurrency_key, sa.func.count())
+        .where(
+            tasks.c.state == RUNNING,
+            tasks.c.concurrency.is_not(None),
+            tasks.c.lease_expires_at > now,
+            sa.tuple_(tasks.c.task, tasks.c.concurrency_key).in_(list(groups)),
+        )
+        .group_by(tasks.c.task, tasks.c.concurrency_key)
+    )
+
+
+def recent_starts(groups: Sequence[tuple[str, str]], since: Any) -> sa.Select[Any]:
+    """How many starts each of these rate groups (task, key) has that count after `since`."""
+    return (
+        sa.select(task_starts.c.task, task_starts.c.key, sa.func.count())
+        .where(
+            task_starts.c.expires_at > since,
+            sa.tuple_(task_starts.c.task, task_starts.c.key).in_(list(groups)),
+        )
+        .group_by(task_starts.c.task, task_starts.c.key)
+    )
+
+
+def unlease(ids: Sequence[int], token: str) -> sa.Update:
+    """Undo this lease of tasks their group turned out to have no room for (a race another
+    leaser won): available again, the attempt not counted."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(
+            state=AVAILABLE,
+            attempt=tasks.c.attempt - 1,
+            lease_token=None,
+            locked_by=None,
+            lease_expires_at=None,
+        )
+    )
+
+
+def forget_starts(groups: Sequence[tuple[str, str]], now: Any) -> sa.Delete:
+    """Delete the starts of these rate groups that no longer count."""
+    return sa.delete(task_starts).where(
+        sa.tuple_(task_starts.c.task, task_starts.c.key).in_(list(groups)),
+        task_starts.c.expires_at <= now,
+    )
+
+
+def record_starts() -> sa.Insert:
+    """Record the starts of rate-limited tasks (executemany of p_task, p_key, p_at, p_until)."""
+    return sa.insert(task_starts).values(
+        task=sa.bindparam("p_task", type_=sa.String()),
+        key=sa.bindparam("p_key", type_=sa.String()),
+        started_at=sa.bindparam("p_at", type_=task_starts.c.started_at.type),
+        expires_at=sa.bindparam("p_until", type_=task_starts.c.expires_at.type),
+    )
+
+
+def _live(now: Any) -> Any:
+    """A lease that still counts: any task's, or a concurrency-limited task's until it ends."""
+    return sa.or_(tasks.c.concurrency.is_(None), tasks.c.lease_expires_at > now)
 
 
 def ack(now: Any) -> Any:
@@ -114,7 +403,9 @@ def ack(now: Any) -> Any:
     RETURNING the ids that were.
 
     Runs in the batch's transaction after the tasks' work, so each task's ack commits with its
-    work; a task whose lease was taken over meanwhile matches no row. Built once.
+    work; a task whose lease was taken over meanwhile matches no row, nor does a task with a
+    concurrency limit whose lease ran out (its group's slot was free from then on: another
+    attempt may be running). Built once.
     """
     return (
         sa.update(tasks)
@@ -122,8 +413,31 @@ def ack(now: Any) -> Any:
             tasks.c.id.in_(sa.bindparam("p_ids", expanding=True)),
             tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
             tasks.c.state == RUNNING,
+            _live(now),
         )
         .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
+        .returning(tasks.c.id)
+    )
+
+
+def ack_with_result(now: Any) -> Any:
+    """Mark one leased task (:p_id) succeeded with its return value (:p_result, its JSON
+    text, bound) iff its lease (:p_token) is still ours; RETURNING its id if it was. Built
+    once; the tasks that returned None take `ack`."""
+    return (
+        sa.update(tasks)
+        .where(
+            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
+            tasks.c.state == RUNNING,
+            _live(now),
+        )
+        .values(
+            state=SUCCEEDED,
+            finished_at=now,
+            lease_expires_at=None,
+            result=sa.bindparam("p_result", type_=sa.Text()),
+        )
         .returning(tasks.c.id)
     )
 
@@ -145,14 +459,18 @@ def record_outcome(
     )
 
 
-def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any) -> Any:
-    """Extend the leases this worker still holds; RETURNING the ids whose lease was extended."""
+def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any, now: Any) -> Any:
+    """Extend the leases this worker still holds; RETURNING the ids whose lease was extended.
+
+    A task with a concurrency limit whose lease ran out is not renewed: its group's slot was
+    free from that moment, and another worker may hold it now."""
     held = (
         sa.select(tasks.c.id)
         .where(
             tasks.c.id.in_(list(ids)),
             tasks.c.lease_token.in_(list(tokens)),
             tasks.c.state == RUNNING,
+            _live(now),
         )
         .with_for_update(skip_locked=True)
     )

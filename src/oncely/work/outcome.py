@@ -31,6 +31,8 @@ class Succeeded:
     item: Leased
     duration: float
     settled: bool = True
+    result: str | None = None
+    """Its return value as stored (JSON text), or None."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,9 @@ def settle(outcome: Outcome) -> Settle | None:
     """The store transition that records an outcome, or None if none is left to write (it
     committed with the task's work, or the lease was lost)."""
     if isinstance(outcome, Succeeded):
-        return None if outcome.settled else Settle(outcome.item, TaskState.SUCCEEDED)
+        if outcome.settled:
+            return None
+        return Settle(outcome.item, TaskState.SUCCEEDED, result=outcome.result)
     if isinstance(outcome, Retried):
         return Settle(outcome.item, TaskState.AVAILABLE, outcome.wait, error_text(outcome.error))
     if isinstance(outcome, Discarded):

@@ -21,6 +21,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,7 +35,7 @@ from ..store import Store
 from ..store.session import violation
 from ..store.task_pool import TaskPool
 from ..store.task_store import Fence, Leased, Settle, run_sync_attempt
-from ..tasks import Task, TaskRegistry
+from ..tasks import Task, TaskRegistry, encode_result
 from .options import WorkerOptions
 from .outcome import (
     LeaseLost,
@@ -65,6 +66,9 @@ class TaskWorker:
         self.options = options
         self.by = replica_id()
         self.names = sorted(task.name for task in tasks)
+        self._limited = any(
+            task.limits.concurrency is not None or task.limits.rate is not None for task in tasks
+        )
         """The task names this worker leases: the ones it registered (a task of a name it
         does not know waits for a worker that knows it, e.g. during a rolling deploy)."""
         self.held: dict[int, Leased] = {}
@@ -186,8 +190,11 @@ class TaskWorker:
 
     async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased]:
         options = self.options
+        # A lease of tasks with a concurrency or rate limit is several statements (and
+        # transaction-scoped locks of their groups): it needs a transaction of its own.
+        engine = self.settling if self._limited else self.control
         try:
-            async with self.control.connect() as conn:
+            async with engine.connect() as conn:
                 return await self.store.tasks.fetch(
                     conn, options.queues, want, self.token(), self.by, options.lease, self.names
                 )
@@ -284,10 +291,11 @@ class TaskWorker:
                     if task is None:
                         raise LookupError(f"no task {item.task!r} is registered in this worker")
                     if task.is_async:
-                        await _call(task, tx.session, item.args)
-                        committed = await tx.commit()
+                        value = await _call(task, tx.session, item.args)
+                        result = encode_result(value, task.name, task.limits.max_result)
+                        committed = await tx.commit(result)
                     else:
-                        committed = await self._in_thread(task, item, eager)
+                        committed, result = await self._in_thread(task, item, eager)
                 finally:
                     await tx.close()
             except Exception as exc:
@@ -306,9 +314,11 @@ class TaskWorker:
             duration = time.perf_counter() - started
             if committed is False:
                 return LeaseLost(item)
-            return Succeeded(item, duration, settled=committed is True)
+            return Succeeded(item, duration, settled=committed is True, result=result)
 
-    async def _in_thread(self, task: Task, item: Leased, eager: bool) -> bool | None:
+    async def _in_thread(
+        self, task: Task, item: Leased, eager: bool
+    ) -> tuple[bool | None, str | None]:
         """Run a plain `def` task in the worker's thread pool, in its own transaction on a
         synchronous connection, so that it blocks no other task, heartbeat or slot. A timeout,
         a cancel or a shutdown gives the attempt up at once: the thread may run on (Python
@@ -317,23 +327,24 @@ class TaskWorker:
             size = min(self.options.concurrency, self.options.pool_size)
             self._threads = ThreadPoolExecutor(size, thread_name_prefix="oncely-task")
         fence = Fence()
-        call: Any
-        if task.attempt is not None:  # an integration's own transaction (Django's)
-            dialect = self.store.dialect
+        call: Callable[[], tuple[bool | None, str | None]]
+        hook = task.attempt
+        if hook is not None:  # an integration's own transaction (Django's)
+            dialect, ack = self.store.dialect, self.store.tasks.ack_statement
 
             def params() -> dict[str, Any]:  # read at the ack: SQLite's "now" is the host's
                 return {"p_ids": [item.id], "p_token": item.token, **dialect.now_params()}
 
-            call = functools.partial(
-                task.attempt, item, self.store.tasks.ack_statement, params, fence
-            )
+            def call() -> tuple[bool | None, str | None]:
+                return hook(item, ack, params, fence), None
+
         else:
+            encode = functools.partial(encode_result, task=task.name, limit=task.limits.max_result)
             call = functools.partial(
-                run_sync_attempt, self.store.tasks, task.func, item, fence, eager=eager
+                run_sync_attempt, self.store.tasks, task.func, item, fence, encode, eager=eager
             )
-        future: asyncio.Future[bool | None] = asyncio.get_running_loop().run_in_executor(
-            self._threads, call
-        )
+        future: asyncio.Future[tuple[bool | None, str | None]]
+        future = asyncio.get_running_loop().run_in_executor(self._threads, call)
         future.add_done_callback(_retrieved)
         try:
             if task.timeout is None:
@@ -544,15 +555,16 @@ async def _first(
             waiter.cancel()
 
 
-async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> None:
+async def _call(task: Task, session: AsyncSession, args: dict[str, Any]) -> Any:
     call = task.func(session, **args)
     if task.timeout is not None:
-        await asyncio.wait_for(call, task.timeout)
+        value = await asyncio.wait_for(call, task.timeout)
     else:
-        await call
+        value = await call
     what = violation(session.sync_session)
     if what is not None:
         raise JobTransactionError(f"the task called {what}() on oncely's session")
+    return value
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
