@@ -59,8 +59,8 @@ async def put(store: Store, task: str = "t", **limits: Any) -> int:
 async def ack(
     store: Store, leased: list[Leased], results: dict[int, str] | None = None
 ) -> set[int]:
-    async with store.engine.connect() as conn, store.tasks.batch(conn) as batch:
-        return await batch.ack(leased, results)
+    async with store.engine.begin() as conn:
+        return await store.tasks.ack(conn, leased, results)
 
 
 async def states(store: Store) -> dict[int, tuple[str, int]]:

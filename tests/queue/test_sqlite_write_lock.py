@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
+from queue_helpers import EFFECTS_DDL, drain, effects, in_tx  # type: ignore[import-not-found]
 
-from conftest import queue_app  # type: ignore[import-not-found]
 from oncely import Oncely
 
 INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
@@ -23,8 +22,16 @@ INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
 
 @pytest.fixture
 async def lite(tmp_path: Path):  # type: ignore[no-untyped-def]
-    async with queue_app(f"sqlite:///{tmp_path / 'oncely.db'}") as app:
-        yield app, tmp_path / "oncely.db"
+    """An app on a SQLite file of its own, migrated, with an empty `effects` table."""
+    path = tmp_path / "oncely.db"
+    app = Oncely(f"sqlite:///{path}", lease=5)
+    await app.migrate()
+    async with app.store.engine.begin() as conn:
+        await conn.execute(sa.text(EFFECTS_DDL))
+    try:
+        yield app, path
+    finally:
+        await app.aclose()
 
 
 def app_write(path: Path, n: int, busy_ms: int = 200) -> float:

@@ -49,6 +49,9 @@ from .outcome import (
 
 logger = logging.getLogger("oncely")
 
+HELPERS_END_S = 5.0
+"""Seconds a stopping worker waits for its heartbeat, rescuer and settler to finish the
+statement under way before it cancels them."""
 POOL_IDLE_S = 5.0
 """Seconds a connection of the pool may stay idle before the worker closes it: after a
 burst, the worker goes back to holding only the connections its tasks use."""
@@ -131,11 +134,12 @@ class TaskWorker:
             self.control = self.settling = self.store.engine
 
     async def _serve(self, stopping: asyncio.Event) -> None:
+        closing = asyncio.Event()  # the helpers end their loops (no statement cut short)
         helpers = [
-            asyncio.create_task(self.keep_leases(stopping)),
-            asyncio.create_task(self._rescuer(stopping)),
-            asyncio.create_task(self._settler()),
-            asyncio.create_task(self._announce(stopping)),
+            asyncio.create_task(self.keep_leases(closing)),
+            asyncio.create_task(self._rescuer(closing)),
+            asyncio.create_task(self._settler(closing)),
+            asyncio.create_task(self._announce(closing)),
         ]
         try:
             await self._lease(stopping)
@@ -152,7 +156,9 @@ class TaskWorker:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-            for helper in helpers:
+            closing.set()
+            _, late = await asyncio.wait(helpers, timeout=HELPERS_END_S)
+            for helper in late:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await asyncio.shield(self._finish())
@@ -418,16 +424,16 @@ class TaskWorker:
 
     # -- outcomes, leases ---------------------------------------------------------------
 
-    async def _settler(self) -> None:
-        while True:
-            await self._to_settle.wait()
+    async def _settler(self, closing: asyncio.Event) -> None:
+        while not closing.is_set():
+            await _first(closing, self._to_settle)
             self._to_settle.clear()
-            await self._flush()
+            await self._flush(closing)
 
-    async def _flush(self, *, once: bool = False) -> None:
+    async def _flush(self, closing: asyncio.Event | None = None, *, once: bool = False) -> None:
         """Write the pending outcomes, many per statement; on a database error, keep them
-        and try again (their leases stay renewed meanwhile)."""
-        while self._settles:
+        and try again (their leases stay renewed meanwhile) until `closing`."""
+        while self._settles and not (closing is not None and closing.is_set()):
             batch, self._settles = self._settles, []
             try:
                 written = await self.store.tasks.settle([s for _, s in batch], self.control)
@@ -437,7 +443,9 @@ class TaskWorker:
                     raise
                 if not self.store.is_busy(exc):
                     logger.debug("writing outcomes failed: %s", exc)
-                await asyncio.sleep(0.05 if self.store.is_busy(exc) else 1.0)
+                await _first(
+                    closing or asyncio.Event(), timeout=0.05 if self.store.is_busy(exc) else 1.0
+                )
                 continue
             for outcome, pending in batch:
                 self.held.pop(pending.item.id, None)
