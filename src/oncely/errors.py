@@ -84,3 +84,11 @@ class RetryDecisionError(BadInputError, TypeError):
 
 class FakeProviderError(ConfigError, RuntimeError):
     """The fake provider is not set up: use the fake_provider fixture."""
+
+
+class JobTimeoutError(OncelyError, TimeoutError):
+    """The job ran longer than its timeout: it was cancelled and rolled back."""
+
+
+class JobCancelledError(OncelyError):
+    """An operator cancelled the attempt: it was rolled back, the slot is free."""

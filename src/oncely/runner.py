@@ -10,6 +10,8 @@ attempts of the same shape: they use the same outcomes, the same commit and the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -22,8 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from . import clock, events
-from .errors import JobTransactionError
-from .model import Claim, RunResult, RunStatus
+from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, OncelyError
+from .model import Claim, Pause, RunResult, RunStatus
 from .registry import Job
 from .store import ClaimOutcome, ClaimRequest, Store, violation
 from .store.outcome import claim_landed
@@ -54,7 +56,10 @@ class Outcome:
     claim: Claim | None = None
     """For a slot that ran before: the claim that was already there."""
     error: BaseException | None = None
-    """For `failed`: what the job raised, or why the commit failed."""
+    """For `failed`: what the job raised, or why the commit failed (for `timeout` and
+    `cancelled`: why the attempt was stopped)."""
+    pause: Pause | None = None
+    """For `paused`: the pause in force."""
 
 
 RAN = Outcome(RunStatus.RAN, Stage.COMMIT)
@@ -146,6 +151,21 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
         "text": "the commit failed; rolled back, the slot is free",
         "timed": False,
     },
+    ("run", RunStatus.TIMEOUT, Stage.CALL): {
+        "event": "run.timeout",
+        "text": "the job ran past its timeout: cancelled, rolled back, the slot is free",
+        "timed": True,
+    },
+    ("run", RunStatus.CANCELLED, Stage.CALL): {
+        "event": "run.cancelled",
+        "text": "an operator cancelled the attempt: rolled back, the slot is free",
+        "timed": True,
+    },
+    ("run", RunStatus.PAUSED, Stage.CLAIM): {
+        "event": "run.paused",
+        "text": "the job is paused: not started",
+        "timed": False,
+    },
     ("run", RunStatus.RAN, Stage.COMMIT): {"event": "run.ran", "text": "ran", "timed": True},
     ("run", RunStatus.RAN, Stage.READ_BACK): {
         "event": "run.ran",
@@ -182,6 +202,14 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
 }
 
 
+_ERRORS = {
+    RunStatus.FAILED: logging.ERROR,
+    RunStatus.UNKNOWN: logging.ERROR,
+    RunStatus.TIMEOUT: logging.ERROR,
+    RunStatus.CANCELLED: logging.WARNING,
+}
+
+
 def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, Any]) -> None:
     """The one event of an attempt's outcome (`what`: "run" for a slot, "effect" for a key)."""
     event = _EVENTS[(what, outcome.status, outcome.stage)]
@@ -191,9 +219,13 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
         extra["claimed_by"] = claim.claimed_by if claim else None
         extra["claimed_at"] = claim.claimed_at.isoformat() if claim else None
     level = logging.INFO
-    if outcome.status in (RunStatus.FAILED, RunStatus.UNKNOWN):
-        level = logging.ERROR
+    if outcome.status in _ERRORS:
+        level = _ERRORS[outcome.status]
         extra["error"] = f"{type(outcome.error).__name__}: {outcome.error}"
+    if outcome.pause is not None:
+        extra["paused_by"] = outcome.pause.paused_by
+        extra["paused_at"] = outcome.pause.paused_at.isoformat()
+        extra["reason"] = outcome.pause.reason
     if event["timed"]:
         extra["duration_ms"] = round(duration * 1000, 1)
     events.emit(event["event"], event["text"], level=level, **extra, **fields)
@@ -213,13 +245,72 @@ async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> 
     return not_claimed(_NOT_CLAIMED[answer], claim)
 
 
-async def _call(store: Store, job: Job, session: AsyncSession, slot: datetime) -> Outcome | None:
+CANCEL_POLL = 1.0
+"""Seconds between two looks of a running attempt at its cancel request (without LISTEN)."""
+
+
+class Watch:
+    """What may stop a running attempt early: its job's `timeout`, an operator's cancel."""
+
+    def __init__(self, store: Store, job: Job, attempt_id: int | None) -> None:
+        self.store = store
+        self.attempt_id = attempt_id
+        self.timeout = job.timeout.total_seconds() if job.timeout is not None else None
+        self.started = time.monotonic()
+        self.cancelled_by: str | None = None
+
+    def _stop(self) -> Outcome | None:
+        if self.cancelled_by is not None:
+            error: OncelyError = JobCancelledError(f"cancelled by {self.cancelled_by}")
+            return Outcome(RunStatus.CANCELLED, Stage.CALL, error=error)
+        if self.timeout is not None and time.monotonic() - self.started >= self.timeout:
+            error = JobTimeoutError(f"the job ran longer than its timeout of {self.timeout:g} s")
+            return Outcome(RunStatus.TIMEOUT, Stage.CALL, error=error)
+        return None
+
+    async def _asked(self) -> None:
+        if self.attempt_id is None or self.cancelled_by is not None:
+            return
+        with contextlib.suppress(OncelyError):  # unreadable now: look again next time
+            self.cancelled_by = await self.store.control.cancel_request(self.attempt_id)
+
+    async def until_stopped(self, call: asyncio.Future[Any]) -> Outcome | None:
+        """Wait for `call` to end; an outcome if the attempt must stop first (timeout,
+        cancel), None once `call` is done."""
+        while not call.done():
+            wait = CANCEL_POLL if self.attempt_id is not None else None
+            if self.timeout is not None:
+                left = max(0.0, self.timeout - (time.monotonic() - self.started))
+                wait = left if wait is None else min(wait, left)
+            await asyncio.wait({call}, timeout=wait)
+            if call.done():
+                return None
+            await self._asked()
+            stop = self._stop()
+            if stop is not None:
+                return stop
+        return None
+
+    async def after_sync(self) -> Outcome | None:
+        """For a plain `def` job, which cannot be interrupted: once it returned, whether it
+        ran past its timeout or was cancelled meanwhile (then it must not commit)."""
+        await self._asked()
+        return self._stop()
+
+
+async def _call(
+    store: Store, job: Job, session: AsyncSession, slot: datetime, watch: Watch
+) -> Outcome | None:
     error: Exception | None = None
     try:
         if job.is_async:
-            await job.func(session, slot)  # type: ignore[misc]
+            stop = await _call_async(job, session, slot, watch)
         else:
             await session.run_sync(lambda sync_session: job.func(sync_session, slot))
+            stop = await watch.after_sync()
+        if stop is not None:
+            await store.abandon(session)
+            return stop
     except Exception as exc:
         error = exc
     except BaseException:
@@ -230,6 +321,28 @@ async def _call(store: Store, job: Job, session: AsyncSession, slot: datetime) -
     if outcome is not None:
         await store.abandon(session)
     return outcome
+
+
+async def _call_async(
+    job: Job, session: AsyncSession, slot: datetime, watch: Watch
+) -> Outcome | None:
+    """Run an async job until it returns or `watch` stops it (the job is then cancelled)."""
+    if watch.timeout is None and watch.attempt_id is None:
+        await job.func(session, slot)  # type: ignore[misc]
+        return None
+    call = asyncio.ensure_future(job.func(session, slot))  # type: ignore[arg-type]
+    try:
+        stop = await watch.until_stopped(call)
+    except BaseException:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        raise
+    if stop is None:
+        call.result()  # the job's own error, if it raised
+        return None
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    return stop
 
 
 async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) -> Outcome:
@@ -246,15 +359,77 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
     return outcome
 
 
-async def attempt_slot(store: Store, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
+async def attempt_slot(
+    store: Store, job: Job, slot: datetime, request: ClaimRequest, record: Record | None = None
+) -> Outcome:
     """Claim → call → commit for one slot, in a session of its own; what it came to."""
+    record = record or Record(store, request, slot)
+    await record.before_claim()
     async with store.attempt() as session:
         outcome = await _claim(store, session, request)
         if outcome is None:
-            outcome = await _call(store, job, session, slot)
+            await record.claimed()
+            outcome = await _call(store, job, session, slot, Watch(store, job, record.id))
         if outcome is None:
             outcome = await _commit(store, session, request)
-        return outcome
+    await record.ended(outcome)
+    return outcome
+
+
+class Record:
+    """An attempt's record, written outside its transaction in short ones of its own.
+
+    Where the database takes other writes while an attempt's transaction is open
+    (Postgres), the record is written once the slot is claimed; on SQLite, whose write lock
+    the attempt holds from its claim to its commit, it is written just before, and
+    forgotten if the claim is not won. Recording is best effort: a record that cannot be
+    written leaves the attempt as it is (explain says less about it).
+    """
+
+    def __init__(self, store: Store, request: ClaimRequest, slot: datetime) -> None:
+        self.store = store
+        self.request = request
+        self.slot = slot
+        self.id: int | None = None
+
+    async def _start(self) -> None:
+        with contextlib.suppress(OncelyError):
+            r = self.request
+            self.id = await self.store.control.start_attempt(r.job, r.key, self.slot, r.claimed_by)
+
+    async def before_claim(self) -> None:
+        if not self.store.dialect.slot_locks:
+            await self._start()
+
+    async def claimed(self) -> None:
+        if self.store.dialect.slot_locks:
+            await self._start()
+
+    async def ended(self, outcome: Outcome) -> None:
+        status = outcome.status
+        with contextlib.suppress(OncelyError):
+            if status is RunStatus.OVERLAP:
+                if self.id is not None:
+                    await self.store.control.forget_attempt(self.id)
+                r = self.request
+                await self.store.control.note(r.job, r.key, self.slot, "overlap", r.claimed_by)
+            elif self.id is None:
+                return
+            elif status in (RunStatus.BUSY, RunStatus.SKIPPED):
+                await self.store.control.forget_attempt(self.id)
+            else:
+                await self.store.control.end_attempt(self.id, status.value, outcome.error)
+
+
+def paused(
+    job: Job, slot: datetime, key: str, pause: Pause, fields: Mapping[str, Any]
+) -> RunResult:
+    """The result (and the one event) of a slot not started because its job is paused."""
+    outcome = Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
+    report("run", outcome, 0.0, fields)
+    return RunResult(
+        job=job.name, key=key, slot=slot, status=RunStatus.PAUSED, duration=0.0, pause=pause
+    )
 
 
 async def run_slot(
@@ -266,10 +441,13 @@ async def run_slot(
     *,
     busy_ms: int = 200,
     context: Mapping[str, Any] | None = None,
+    check_pause: bool = False,
 ) -> RunResult:
     """Run one slot of a job once, if nobody has; never raises for the job's own errors.
 
     `context` adds fields to every event of this attempt (the worker adds `latency_ms`).
+    With `check_pause`, a paused job's slot is not started (`paused`): `oncely run` asks,
+    the worker reads the pauses once per scheduling step instead.
     """
     started = time.perf_counter()
     fields: dict[str, Any] = {
@@ -289,9 +467,18 @@ async def run_slot(
         busy_ms=busy_ms,
         exclusive=job.overlap == "skip",
     )
+    if check_pause:
+        pause = (await store.control.pauses()).get(job.name)
+        if pause is not None:
+            return paused(job, slot, key, pause, fields)
     outcome = await attempt_slot(store, job, slot, request)
     duration = time.perf_counter() - started
     report("run", outcome, duration, fields)
+    claimed_by = None
+    if outcome.status is RunStatus.RAN:
+        claimed_by = replica
+    elif outcome.claim is not None:
+        claimed_by = outcome.claim.claimed_by
     return RunResult(
         job=job.name,
         key=key,
@@ -300,4 +487,5 @@ async def run_slot(
         duration=duration,
         claim=outcome.claim,
         error=outcome.error,
+        claimed_by=claimed_by,
     )

@@ -362,6 +362,19 @@ class PostgresDialect(Dialect):
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
+    slot_locks = True
+
+    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
+        await conn.execute(
+            sa.text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": CANCEL_CHANNEL, "payload": str(attempt_id)},
+        )
+
+    def cancel_listener(
+        self, engine: AsyncEngine, on_notify: Callable[[int], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        return _listen_cancels(engine, on_notify)
+
     async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
         hi, lo = slot_lock_key(job, key)
         got = await conn.execute(
@@ -434,6 +447,42 @@ async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIt
         if driver is not None:
             with contextlib.suppress(Exception):
                 await driver.remove_listener(TASKS_CHANNEL, callback)
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
+CANCEL_CHANNEL = "oncely_cancel"
+"""The channel a cancel request wakes the process running the attempt on (payload: its id)."""
+
+
+@contextlib.asynccontextmanager
+async def _listen_cancels(
+    engine: AsyncEngine, on_notify: Callable[[int], None]
+) -> AsyncIterator[bool]:
+    """LISTEN for cancel requests on a connection of its own; yield False if not possible."""
+
+    def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
+        with contextlib.suppress(ValueError):
+            on_notify(int(payload))
+
+    try:
+        conn = await engine.connect()
+    except Exception:  # the runner still polls
+        yield False
+        return
+    driver: Any = None
+    try:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        await driver.add_listener(CANCEL_CHANNEL, callback)
+    except Exception:
+        driver = None
+    try:
+        yield driver is not None
+    finally:
+        if driver is not None:
+            with contextlib.suppress(Exception):
+                await driver.remove_listener(CANCEL_CHANNEL, callback)
         with contextlib.suppress(Exception):
             await conn.close()
 
