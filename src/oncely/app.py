@@ -367,9 +367,11 @@ class Oncely:
         await self.store.ensure_schema()
         return await self.store.control.pauses()
 
-    def _range(
+    def backfill_slots(
         self, job: str, start: datetime, end: datetime, max_slots: int
     ) -> list[tuple[datetime, str]]:
+        """The (slot, key) pairs of `job` in [start, end); BadInputError for a reversed range
+        or one of more than `max_slots` (no database touched)."""
         definition = self.registry.job(job)
         start, end = _aware(start), _aware(end)
         if end <= start:
@@ -393,7 +395,7 @@ class Oncely:
     ) -> list[PlannedSlot]:
         """Every slot of `job` in [start, end) with what `backfill` would do with it: `would
         run`, `already ran` (its claim) or `running now` (its attempt). Changes nothing."""
-        slots = self._range(job, start, end, max_slots)
+        slots = self.backfill_slots(job, start, end, max_slots)
         await self.store.ensure_schema()
         control = self.store.control
         claims = await control.claims(job, [key for _, key in slots])

@@ -2,9 +2,10 @@
 the attempt records, the pauses, the missed and overlap reports. Pure: the app reads the
 records and hands them here.
 
-The answers, first match wins: ran · running · not_due · the last attempt's end (failed,
-timeout, cancelled, or died: its process never recorded an end and no longer holds the
-slot) · paused · overlap · missed (catch-up policy, grace, busy past the window) · no_worker.
+The answers, first match wins: ran · running · not_due · the last attempt's end (released:
+it ran but its claim was deleted; failed, timeout, cancelled, or died: its process never
+recorded an end and no longer holds the slot) · paused · overlap · missed (catch-up policy,
+grace, busy past the window) · no_worker.
 """
 
 from __future__ import annotations
@@ -98,7 +99,21 @@ def explain_slot(
         return Explanation(
             **base, answer="not_due", sentence=sentence, fields=fields, attempts=attempts
         )
-    ended = [a for a in attempts if a.outcome in _ENDS or (a.outcome is None and not a.alive)]
+    ended = [
+        a
+        for a in attempts
+        if a.outcome in _ENDS or a.outcome == "ran" or (a.outcome is None and not a.alive)
+    ]
+    if ended and ended[-1].outcome == "ran":
+        a = ended[-1]
+        fields |= {"by": a.replica, "at": _iso(a.started_at)}
+        sentence = (
+            f"{head} ran (by {a.replica} at {_iso(a.started_at)}), but its claim is gone: it "
+            "was released by hand or pruned, so the slot can run again."
+        )
+        return Explanation(
+            **base, answer="released", sentence=sentence, fields=fields, attempts=attempts
+        )
     if ended:
         return _ended(base, head, ended, fields, attempts)
     for p in reversed(pauses):

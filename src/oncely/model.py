@@ -193,8 +193,8 @@ class Explanation:
     key: str
     slot: datetime
     answer: str
-    """ran · running · failed · timeout · cancelled · died · paused · overlap · missed ·
-    not_due · no_worker"""
+    """ran · running · not_due · released · failed · timeout · cancelled · died · paused ·
+    overlap · missed · no_worker"""
     sentence: str
     fields: dict[str, Any] = field(default_factory=dict)
     attempts: tuple[Attempt, ...] = ()
