@@ -42,6 +42,8 @@ def as_v2(engine: sa.Engine) -> None:
             "CREATE UNIQUE INDEX oncely_tasks_idempotency ON oncely_tasks (task, idempotency_key)"
         )
         conn.exec_driver_sql("CREATE INDEX oncely_tasks_state ON oncely_tasks (state, finished_at)")
+        for table in ("oncely_attempts", "oncely_pauses", "oncely_audit", "oncely_task_cancels"):
+            conn.exec_driver_sql(f"DROP TABLE {table}")  # v4's
         conn.exec_driver_sql("DELETE FROM oncely_schema WHERE version > 2")
 
 
@@ -86,7 +88,7 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
 
     result = run_cli("migrate", cwd=ROOT, env={"ONCELY_DATABASE_URL": db_url})
     assert result.returncode == 0, result.stderr
-    assert "to version 3 (applied [3])" in result.stdout
+    assert "to version 4 (applied [3, 4])" in result.stdout
     assert task_indexes(sync_engine) == V3_INDEXES
 
     app = Oncely(db_url)
