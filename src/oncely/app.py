@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from .model import (
     TaskRecord,
 )
 from .queue import DEFAULT_CONCURRENCY
-from .registry import JobFunc, KeyFunc, Registry
+from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import run_slot
 from .schedule import Schedule
@@ -44,6 +45,9 @@ F = TypeVar("F", bound=JobFunc)
 DEFAULT_DATABASE_URL = "sqlite:///oncely.db"
 DEFAULT_MAX_SLOTS = 1000
 """A backfill of more slots than this is refused before anything runs (`--max-slots`)."""
+BACKFILL_PATIENCE = 60.0
+"""Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,
+overlap="skip") before it reports it as such and moves on."""
 DEFAULT_LEASE = 30.0
 """Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
@@ -432,7 +436,7 @@ class Oncely:
         for planned in free:
             if stop is not None and stop.is_set():
                 break
-            result = await run_slot(self.store, definition, planned.slot, planned.key, replica_id())
+            result = await self._backfill_one(definition, planned)
             results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -446,6 +450,20 @@ class Oncely:
         action = self._action("backfill", definition.name, target, actor, reason)
         await self.store.control.audited(action, summary)
         return results
+
+    async def _backfill_one(self, definition: Job, planned: PlannedSlot) -> RunResult:
+        """Run one slot of a backfill; a slot someone holds (busy) or that waits for another
+        slot of the job (overlap) is tried again shortly, until it is settled."""
+        deadline = time.monotonic() + BACKFILL_PATIENCE
+        pause = 0.05
+        while True:
+            result = await run_slot(self.store, definition, planned.slot, planned.key, replica_id())
+            if result.status not in (RunStatus.BUSY, RunStatus.OVERLAP):
+                return result
+            if time.monotonic() + pause > deadline:
+                return result
+            await asyncio.sleep(pause)  # a retry's backoff: the holder finishes meanwhile
+            pause = min(pause * 2, 1.0)
 
     async def explain(self, job: str, slot: datetime | None = None) -> Explanation:
         """Why the slot of `job` due at `slot` (default: the latest due one) ran or did not,
