@@ -99,8 +99,10 @@ def test_slots_a_worker_dropped_or_skipped(env: Env) -> None:
     )
     try:
         wait_until(
-            lambda: len(env.rows("SELECT 1 FROM oncely_attempts WHERE outcome = 'overlap'")) >= 2
-            and env.rows("SELECT 1 FROM oncely_attempts WHERE job = 'graceless'"),
+            lambda: (
+                len(env.rows("SELECT 1 FROM oncely_attempts WHERE outcome = 'overlap'")) >= 2
+                and env.rows("SELECT 1 FROM oncely_attempts WHERE job = 'graceless'")
+            ),
             what="overlap and grace records",
         )
     finally:

@@ -384,11 +384,7 @@ class Control:
         except OncelyError as exc:
             if not self.dialect.is_busy(exc.__cause__ or exc):
                 raise
-            raise BadInputError(
-                "the running attempt holds SQLite's write lock until it ends, so a cancel "
-                "cannot be recorded: nothing changed (stop the process running it: SIGTERM "
-                "rolls the attempt back)"
-            ) from None
+            raise _write_locked("attempt") from None
         return cancelled
 
     # -- tasks --------------------------------------------------------------------------
@@ -489,3 +485,10 @@ class Control:
                 counts[name] = int((await conn.execute(stmt)).rowcount or 0)
             await self._audit(conn, action, ", ".join(f"{n} {k}" for k, n in counts.items()))
         return counts
+
+
+def _write_locked(what: str) -> BadInputError:
+    return BadInputError(
+        f"a running {what} holds SQLite's write lock until it ends, so a cancel cannot be "
+        "recorded: nothing changed (stop the process running it: SIGTERM rolls it back)"
+    )
