@@ -49,15 +49,11 @@ def _ticker(name: str, seconds: float = 0.0):  # type: ignore[no-untyped-def]
     return job
 
 
-app.job(every(seconds=1), name="tick", catch_up="all", grace=timedelta(minutes=5))(
-    _ticker("tick")
-)
+app.job(every(seconds=1), name="tick", catch_up="all", grace=timedelta(minutes=5))(_ticker("tick"))
 app.job(every(hours=1), name="hourly")(_ticker("hourly"))
 app.job(every(seconds=1), name="overlapper")(_ticker("overlapper", 2.5))
 app.job(every(seconds=1), name="lagging")(_ticker("lagging"))
-app.job(every(seconds=1), name="graceless", grace=timedelta(microseconds=1))(
-    _ticker("graceless")
-)
+app.job(every(seconds=1), name="graceless", grace=timedelta(microseconds=1))(_ticker("graceless"))
 app.job(every(hours=1), name="slow", timeout=timedelta(seconds=0.5))(_ticker("slow", 10))
 
 

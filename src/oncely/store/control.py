@@ -141,11 +141,16 @@ class Control:
             )
 
     @contextlib.asynccontextmanager
-    async def _write(self, busy_ms: int | None = None) -> AsyncIterator[AsyncConnection]:
+    async def _write(
+        self, busy_ms: int | None = None, *, record: bool = False
+    ) -> AsyncIterator[AsyncConnection]:
+        """A transaction of its own (`record`: a single write, autocommitted where it can)."""
         with self.store.translate():
             async with self.store.engine.connect() as conn:
                 if busy_ms is not None:
                     conn = await conn.execution_options(**self.dialect.busy_options(busy_ms))
+                if record:
+                    conn = await conn.execution_options(**self.dialect.record_options())
                 async with conn.begin():
                     yield conn
 
@@ -192,7 +197,7 @@ class Control:
             "recorded_at": now,
             **self._origin(replica),
         }
-        async with self._write() as conn:
+        async with self._write(record=True) as conn:
             return int((await conn.execute(sql.record_attempt(values))).scalar_one())
 
     async def end_attempt(self, attempt_id: int, outcome: str, error: BaseException | None) -> None:
@@ -201,12 +206,12 @@ class Control:
         if error is not None:
             values["error_class"] = type(error).__name__[:200]
             values["error"] = str(error)[:ERROR_TEXT_MAX]
-        async with self._write() as conn:
+        async with self._write(record=True) as conn:
             await conn.execute(sql.end_attempt(attempt_id, values))
 
     async def forget_attempt(self, attempt_id: int) -> None:
         """Delete the record of an attempt that did not claim its slot."""
-        async with self._write() as conn:
+        async with self._write(record=True) as conn:
             await conn.execute(sql.forget_attempt(attempt_id))
 
     async def note(
@@ -233,7 +238,7 @@ class Control:
             "error": reason,
             **self._origin(replica),
         }
-        async with self._write() as conn:
+        async with self._write(record=True) as conn:
             await conn.execute(sql.record_attempt(values))
 
     async def cancel_request(self, attempt_id: int) -> str | None:

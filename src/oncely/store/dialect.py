@@ -214,6 +214,11 @@ class Dialect(abc.ABC):
         (as an attempt does); False if an attempt at it is running right now."""
         return True
 
+    def record_options(self) -> dict[str, Any]:
+        """Execution options for the short writes of attempt records (Postgres: autocommit,
+        one round trip each, no transaction of their own)."""
+        return {}
+
     slot_locks = False
     """Whether `try_lock_slot` sees a running attempt's lock (Postgres' advisory locks); else
     a running attempt is known by its record alone."""

@@ -364,6 +364,9 @@ class PostgresDialect(Dialect):
 
     slot_locks = True
 
+    def record_options(self) -> dict[str, Any]:
+        return {"isolation_level": "AUTOCOMMIT"}
+
     async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
         await conn.execute(
             sa.text("SELECT pg_notify(:channel, :payload)"),
