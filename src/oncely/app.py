@@ -559,13 +559,22 @@ class Oncely:
             raise BadInputError(f"--older-than must be positive, got {older_than}")
         await self.store.ensure_schema()
         before = await self.store.database_time() - older_than
-        action = self._action("prune", None, f"older than {older_than}", actor, reason)
+        action = self._action("prune", None, f"older than {_age(older_than)}", actor, reason)
         return await self.store.control.prune(action, before)
 
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""
         if self._store is not None:
             await self._store.dispose()
+
+
+def _age(delta: timedelta) -> str:
+    """A duration as the CLI writes it: 30d, 12h, 90m, 45s (the largest exact unit)."""
+    seconds = delta.total_seconds()
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 _RAISED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED)

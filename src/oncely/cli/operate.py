@@ -131,6 +131,8 @@ def backfill(
     results = _apply(obj, job, first, last, max_slots, reason, actor, as_json)
     if as_json:
         click.echo(render.dumps([render.run_dict(r) for r in results]))
+    elif not results:
+        click.echo(f"nothing to run: every slot of {job} in the range ran before (or runs now)")
     if any(r.status in _FAILED for r in results):
         sys.exit(EXIT_JOB_FAILED)
 
