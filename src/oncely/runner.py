@@ -246,7 +246,13 @@ async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> 
 
 
 CANCEL_POLL = 1.0
-"""Seconds between two looks of a running attempt at its cancel request (without LISTEN)."""
+"""Seconds between two looks of a running attempt at its cancel request, while it polls."""
+CANCEL_POLL_LISTENING = 4.0
+"""The same while the database notifies this process of cancel requests (Postgres LISTEN):
+the poll only covers a notification lost with its connection."""
+LISTEN_AFTER = 1.0
+"""Seconds an attempt runs before it listens for cancel requests (short jobs never open the
+listening connection: their first poll comes first)."""
 
 
 class Watch:
@@ -274,22 +280,52 @@ class Watch:
         with contextlib.suppress(OncelyError):  # unreadable now: look again next time
             self.cancelled_by = await self.store.control.cancel_request(self.attempt_id)
 
+    def _wait(self, poll: float | None) -> float | None:
+        if self.timeout is None:
+            return poll
+        left = max(0.0, self.timeout - (time.monotonic() - self.started))
+        return left if poll is None else min(poll, left)
+
     async def until_stopped(self, call: asyncio.Future[Any]) -> Outcome | None:
         """Wait for `call` to end; an outcome if the attempt must stop first (timeout,
         cancel), None once `call` is done."""
-        while not call.done():
-            wait = CANCEL_POLL if self.attempt_id is not None else None
-            if self.timeout is not None:
-                left = max(0.0, self.timeout - (time.monotonic() - self.started))
-                wait = left if wait is None else min(wait, left)
-            await asyncio.wait({call}, timeout=wait)
-            if call.done():
-                return None
-            await self._asked()
-            stop = self._stop()
-            if stop is not None:
-                return stop
-        return None
+        if self.attempt_id is None:
+            return await self._until(call, None, None)
+        stop = await self._until(call, CANCEL_POLL, self.started + LISTEN_AFTER)
+        if stop is not None or call.done():
+            return stop
+        async with self.store.control.signals.watch(self.attempt_id) as cancelled:
+            return await self._until(call, CANCEL_POLL, None, cancelled)
+
+    async def _until(
+        self,
+        call: asyncio.Future[Any],
+        poll: float | None,
+        until: float | None,
+        cancelled: asyncio.Event | None = None,
+    ) -> Outcome | None:
+        """Wait (polling every `poll`, woken by `cancelled`) for `call`, a stop, or `until`."""
+        woken = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
+        try:
+            while not call.done():
+                if until is not None and time.monotonic() >= until:
+                    return None
+                listening = woken is not None and self.store.control.signals.listening
+                wait = self._wait(CANCEL_POLL_LISTENING if listening else poll)
+                if until is not None:
+                    left = max(0.0, until - time.monotonic())
+                    wait = left if wait is None else min(wait, left)
+                await asyncio.wait({call} | ({woken} if woken else set()), timeout=wait)
+                if call.done():
+                    return None
+                await self._asked()  # woken by a notification, or the poll's turn
+                stop = self._stop()
+                if stop is not None:
+                    return stop
+            return None
+        finally:
+            if woken is not None:
+                woken.cancel()
 
     async def after_sync(self) -> Outcome | None:
         """For a plain `def` job, which cannot be interrupted: once it returned, whether it

@@ -138,3 +138,35 @@ async def test_the_store_tells_a_worker_which_running_tasks_to_cancel(db_url: st
     assert await store.control.cancel_requested([1, 2, 3]) == {2}
     assert await store.control.cancel_requested([]) == set()
     await app.aclose()
+
+
+async def test_a_cancel_wakes_the_watching_process_where_the_database_notifies(
+    db_url: str,
+) -> None:
+    """Postgres: LISTEN/NOTIFY brings a cancel request to the process at once (the runner
+    still polls its record, for SQLite and for a notification lost with its connection)."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    from oncely import Oncely
+    from oncely.model import Attempt
+    from oncely.store.control import Action
+
+    app, operator = Oncely(db_url), Oncely(db_url)
+    await app.migrate()
+    await operator.store.ensure_schema()
+    slot = datetime(2026, 11, 30, 10, tzinfo=timezone.utc)
+    attempt_id = await app.store.control.start_attempt("hold", SLOT, slot, "web-1")
+    assert attempt_id is not None
+    signals = app.store.control.signals
+    async with signals.watch(attempt_id) as cancelled:
+        assert signals.listening is db_url.startswith("postgres")
+        record = Attempt(attempt_id, "hold", SLOT, slot, None, "web-1", slot, None, slot)
+        action = Action("ops@test", "cancel", f"hold {SLOT}", job="hold")
+        assert await operator.store.control.cancel_attempts(action, [record]) == [attempt_id]
+        if signals.listening:
+            await asyncio.wait_for(cancelled.wait(), 5)
+    assert signals.listening is False  # the last watcher closed the listening connection
+    assert await app.store.control.cancel_request(attempt_id) == "ops@test"
+    await app.aclose()
+    await operator.aclose()

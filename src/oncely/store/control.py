@@ -12,6 +12,7 @@ own: a failed attempt's claim still rolls back while its record stays.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -123,12 +124,61 @@ def _process_alive(host: str | None, pid: int | None) -> bool:
     return True
 
 
+class CancelSignals:
+    """Wakes running attempts of this process when an operator cancels one, where the
+    database can notify (Postgres: LISTEN on one connection while any attempt is watched);
+    elsewhere (or if LISTEN fails) `listening` is False and attempts poll alone."""
+
+    def __init__(self, store: ControlLedger) -> None:
+        self.store = store
+        self.listening = False
+        self._events: dict[int, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
+
+    @contextlib.asynccontextmanager
+    async def watch(self, attempt_id: int) -> AsyncIterator[asyncio.Event]:
+        """An event set when attempt `attempt_id` is cancelled, while the block runs."""
+        event = self._events[attempt_id] = asyncio.Event()
+        try:
+            if self._task is None:
+                self._ready = asyncio.Event()
+                self._task = asyncio.create_task(self._listen(self._ready))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._ready.wait()), 5.0)  # type: ignore[union-attr]
+            yield event
+        finally:
+            self._events.pop(attempt_id, None)
+            if not self._events and self._task is not None:
+                task, self._task = self._task, None
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self.listening = False
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        try:
+            listener = self.store.dialect.cancel_listener(self.store.engine, self._notified)
+            async with listener as works:
+                self.listening = works
+                ready.set()
+                await asyncio.Event().wait()  # until the last watcher leaves
+        finally:
+            self.listening = False
+            ready.set()
+
+    def _notified(self, attempt_id: int) -> None:
+        event = self._events.get(attempt_id)
+        if event is not None:
+            event.set()
+
+
 class Control:
     """Pauses, attempt records, cancel requests and audited operator actions on one store."""
 
     def __init__(self, store: ControlLedger) -> None:
         self.store = store
         self.dialect = store.dialect
+        self.signals = CancelSignals(store)
 
     # -- plumbing -----------------------------------------------------------------------
 
