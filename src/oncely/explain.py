@@ -193,9 +193,10 @@ def _ended(
             f"{_iso(last.started_at)} ran past the job's timeout and was cancelled; {free}."
         )
     elif answer == "cancelled":
+        by = f"by {last.cancel_requested_by}" if last.cancel_requested_by else f"({last.error})"
         sentence = (
             f"{head} was cancelled{tries}: the attempt by {last.replica} at "
-            f"{_iso(last.started_at)} was stopped by {last.cancel_requested_by}; {free}."
+            f"{_iso(last.started_at)} was stopped {by}; {free}."
         )
     else:
         sentence = (

@@ -401,13 +401,18 @@ async def attempt_slot(
     """Claim → call → commit for one slot, in a session of its own; what it came to."""
     record = record or Record(store, request, slot)
     await record.before_claim()
-    async with store.attempt() as session:
-        outcome = await _claim(store, session, request)
-        if outcome is None:
-            await record.claimed()
-            outcome = await _call(store, job, session, slot, Watch(store, job, record.id))
-        if outcome is None:
-            outcome = await _commit(store, session, request)
+    try:
+        async with store.attempt() as session:
+            outcome = await _claim(store, session, request)
+            if outcome is None:
+                await record.claimed()
+                outcome = await _call(store, job, session, slot, Watch(store, job, record.id))
+            if outcome is None:
+                outcome = await _commit(store, session, request)
+    except asyncio.CancelledError:  # the worker's shutdown: rolled back, the slot is free
+        stopped = JobCancelledError("the worker shut down before the attempt ended")
+        await asyncio.shield(record.ended(Outcome(RunStatus.CANCELLED, Stage.CALL, error=stopped)))
+        raise
     await record.ended(outcome)
     return outcome
 

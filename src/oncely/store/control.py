@@ -316,14 +316,14 @@ class Control:
 
     async def _holding(self, row: Any) -> bool:
         """Whether the attempt of a record with no outcome still runs: its slot's lock is held
-        (Postgres), or its process lives (SQLite, on this host)."""
+        (Postgres, read from pg_locks), or its process lives (SQLite, on this host)."""
         if not self.dialect.slot_locks:
             return _process_alive(row.host, row.pid)
         with self.store.translate():
-            # The lock, if taken, ends with this transaction.
-            async with self.store.engine.connect() as conn, conn.begin():
-                free = await self.dialect.try_lock_slot(conn, row.job, row.key)
-        return not free
+            async with self.store.engine.connect() as conn:
+                held = await self.dialect.slot_held(conn, row.job, row.key)
+                await conn.rollback()
+        return held
 
     async def claims(self, job: str, keys: Sequence[str]) -> dict[str, Claim]:
         """The claims of some slots of a job, by key."""

@@ -220,8 +220,13 @@ class Dialect(abc.ABC):
         return {}
 
     slot_locks = False
-    """Whether `try_lock_slot` sees a running attempt's lock (Postgres' advisory locks); else
-    a running attempt is known by its record alone."""
+    """Whether `slot_held` sees a running attempt's lock (Postgres' advisory locks); else a
+    running attempt is known by its record alone."""
+
+    async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        """Whether an attempt holds the slot's lock right now, read without taking it (a
+        probe that took it would make a concurrent attempt at the slot answer busy)."""
+        return False
 
     async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
         """In the open transaction: wake the process running this attempt once it commits

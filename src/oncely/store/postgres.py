@@ -367,6 +367,12 @@ class PostgresDialect(Dialect):
     def record_options(self) -> dict[str, Any]:
         return {"isolation_level": "AUTOCOMMIT"}
 
+    async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        hi, lo = slot_lock_key(job, key)
+        # The two-int form's lock shows in pg_locks as classid, objid (unsigned) and objsubid 2.
+        row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
+        return row.first() is not None
+
     async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
         await conn.execute(
             sa.text("SELECT pg_notify(:channel, :payload)"),
@@ -453,6 +459,13 @@ async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIt
         with contextlib.suppress(Exception):
             await conn.close()
 
+
+SLOT_HELD = sa.text(
+    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+    " AND classid::bigint = :hi AND objid::bigint = :lo AND database = ("
+    "SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+"""Whether some session holds a slot's advisory lock (read from pg_locks, not taken)."""
 
 CANCEL_CHANNEL = "oncely_cancel"
 """The channel a cancel request wakes the process running the attempt on (payload: its id)."""
