@@ -258,12 +258,16 @@ listening connection: their first poll comes first)."""
 class Watch:
     """What may stop a running attempt early: its job's `timeout`, an operator's cancel."""
 
-    def __init__(self, store: Store, job: Job, attempt_id: int | None) -> None:
+    def __init__(self, store: Store, job: Job, record: Record) -> None:
         self.store = store
-        self.attempt_id = attempt_id
+        self.record = record
         self.timeout = job.timeout.total_seconds() if job.timeout is not None else None
         self.started = time.monotonic()
         self.cancelled_by: str | None = None
+
+    @property
+    def attempt_id(self) -> int | None:
+        return self.record.id
 
     def _stop(self) -> Outcome | None:
         if self.cancelled_by is not None:
@@ -289,12 +293,15 @@ class Watch:
     async def until_stopped(self, call: asyncio.Future[Any]) -> Outcome | None:
         """Wait for `call` to end; an outcome if the attempt must stop first (timeout,
         cancel), None once `call` is done."""
-        if self.attempt_id is None:
+        if self.record.id is None:  # not recorded yet: an attempt that is quick needs none
+            stop = await self._until(call, None, self.started + LISTEN_AFTER)
+            if stop is not None or call.done():
+                return stop
+            await self.record.start()
+        attempt_id = self.record.id
+        if attempt_id is None:  # no control plane here (or the record failed): time out only
             return await self._until(call, None, None)
-        stop = await self._until(call, CANCEL_POLL, self.started + LISTEN_AFTER)
-        if stop is not None or call.done():
-            return stop
-        async with self.store.control.signals.watch(self.attempt_id) as cancelled:
+        async with self.store.control.signals.watch(attempt_id) as cancelled:
             return await self._until(call, CANCEL_POLL, None, cancelled)
 
     async def _until(
@@ -315,7 +322,8 @@ class Watch:
                 if until is not None:
                     left = max(0.0, until - time.monotonic())
                     wait = left if wait is None else min(wait, left)
-                await asyncio.wait({call} | ({woken} if woken else set()), timeout=wait)
+                pending = {call} | ({woken} if woken else set())
+                await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 if call.done():
                     return None
                 await self._asked()  # woken by a notification, or the poll's turn
@@ -363,7 +371,7 @@ async def _call_async(
     job: Job, session: AsyncSession, slot: datetime, watch: Watch
 ) -> Outcome | None:
     """Run an async job until it returns or `watch` stops it (the job is then cancelled)."""
-    if watch.timeout is None and watch.attempt_id is None:
+    if watch.timeout is None and not watch.store.has_control:
         await job.func(session, slot)  # type: ignore[misc]
         return None
     call = asyncio.ensure_future(job.func(session, slot))  # type: ignore[arg-type]
@@ -396,17 +404,28 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
 
 
 async def attempt_slot(
-    store: Store, job: Job, slot: datetime, request: ClaimRequest, record: Record | None = None
+    store: Store,
+    job: Job,
+    slot: datetime,
+    request: ClaimRequest,
+    *,
+    check_pause: bool = False,
 ) -> Outcome:
-    """Claim → call → commit for one slot, in a session of its own; what it came to."""
-    record = record or Record(store, request, slot)
+    """Claim → call → commit for one slot, in a session of its own; what it came to.
+
+    With `check_pause`, a claimed slot of a paused job is rolled back before the call
+    (the pause is read in the attempt's transaction: one statement, no connection of its own).
+    """
+    record = Record(store, request, slot)
     await record.before_claim()
     try:
         async with store.attempt() as session:
             outcome = await _claim(store, session, request)
+            if outcome is None and check_pause:
+                outcome = await _paused(store, session, job)
             if outcome is None:
-                await record.claimed()
-                outcome = await _call(store, job, session, slot, Watch(store, job, record.id))
+                await record.claimed(job)
+                outcome = await _call(store, job, session, slot, Watch(store, job, record))
             if outcome is None:
                 outcome = await _commit(store, session, request)
     except asyncio.CancelledError:  # the worker's shutdown: rolled back, the slot is free
@@ -417,14 +436,25 @@ async def attempt_slot(
     return outcome
 
 
+async def _paused(store: Store, session: AsyncSession, job: Job) -> Outcome | None:
+    pause = await store.control.pause_in(session, job.name)
+    if pause is None:
+        return None
+    await store.abandon(session)  # the claim rolls back: the slot stays free
+    return Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
+
+
 class Record:
     """An attempt's record, written outside its transaction in short ones of its own.
 
     Where the database takes other writes while an attempt's transaction is open
-    (Postgres), the record is written once the slot is claimed; on SQLite, whose write lock
-    the attempt holds from its claim to its commit, it is written just before, and
-    forgotten if the claim is not won. Recording is best effort: a record that cannot be
-    written leaves the attempt as it is (explain says less about it).
+    (Postgres), the start is recorded once the attempt has run LISTEN_AFTER (a plain `def`
+    job, which blocks the loop: once claimed), so a quick attempt that succeeds costs no
+    record: its claim says it all; an attempt that fails, times out or is cancelled is
+    recorded when it ends. On SQLite, whose write lock the attempt holds from its claim to
+    its commit, the start is recorded just before the claim and forgotten if the claim is
+    not won. Recording is best effort: a record that cannot be written leaves the attempt as
+    it is (explain says less about it).
     """
 
     def __init__(self, store: Store, request: ClaimRequest, slot: datetime) -> None:
@@ -432,34 +462,55 @@ class Record:
         self.request = request
         self.slot = slot
         self.id: int | None = None
+        self.claimed_at: datetime | None = None
 
-    async def _start(self) -> None:
+    async def start(self, busy_ms: int | None = None) -> None:
+        """Record the attempt's start (once)."""
+        if self.id is not None:
+            return
         with contextlib.suppress(OncelyError):
             r = self.request
-            self.id = await self.store.control.start_attempt(r.job, r.key, self.slot, r.claimed_by)
+            self.id = await self.store.control.start_attempt(
+                r.job, r.key, self.slot, r.claimed_by, busy_ms=busy_ms
+            )
 
     async def before_claim(self) -> None:
+        # Never waiting: a write lock held means another attempt runs, and a loser moves on
+        # at once (guarantee 4); this attempt then goes without a start record.
         if not self.store.dialect.slot_locks:
-            await self._start()
+            await self.start(busy_ms=0)
 
-    async def claimed(self) -> None:
-        if self.store.dialect.slot_locks:
-            await self._start()
+    async def claimed(self, job: Job) -> None:
+        self.claimed_at = clock.utcnow()
+        if self.store.dialect.slot_locks and not job.is_async:
+            await self.start()
 
     async def ended(self, outcome: Outcome) -> None:
         status = outcome.status
+        r = self.request
         with contextlib.suppress(OncelyError):
             if status is RunStatus.OVERLAP:
                 if self.id is not None:
                     await self.store.control.forget_attempt(self.id)
-                r = self.request
                 await self.store.control.note(r.job, r.key, self.slot, "overlap", r.claimed_by)
-            elif self.id is None:
-                return
-            elif status in (RunStatus.BUSY, RunStatus.SKIPPED):
-                await self.store.control.forget_attempt(self.id)
-            else:
+            elif status in _NOT_RUN:
+                if self.id is not None:
+                    await self.store.control.forget_attempt(self.id)
+            elif self.id is not None:
                 await self.store.control.end_attempt(self.id, status.value, outcome.error)
+            elif status is not RunStatus.RAN:
+                await self.store.control.ended_attempt(
+                    r.job,
+                    r.key,
+                    self.slot,
+                    r.claimed_by,
+                    status.value,
+                    outcome.error,
+                    started_at=self.claimed_at,
+                )
+
+
+_NOT_RUN = (RunStatus.BUSY, RunStatus.SKIPPED, RunStatus.PAUSED)
 
 
 def paused(
@@ -508,11 +559,7 @@ async def run_slot(
         busy_ms=busy_ms,
         exclusive=job.overlap == "skip",
     )
-    if check_pause:
-        pause = (await store.control.pauses()).get(job.name)
-        if pause is not None:
-            return paused(job, slot, key, pause, fields)
-    outcome = await attempt_slot(store, job, slot, request)
+    outcome = await attempt_slot(store, job, slot, request, check_pause=check_pause)
     duration = time.perf_counter() - started
     report("run", outcome, duration, fields)
     claimed_by = None
@@ -529,4 +576,5 @@ async def run_slot(
         claim=outcome.claim,
         error=outcome.error,
         claimed_by=claimed_by,
+        pause=outcome.pause,
     )

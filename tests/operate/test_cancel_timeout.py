@@ -33,12 +33,18 @@ def test_a_timeout_rolls_back_and_frees_the_slot(env: Env, job: str) -> None:
     assert outcomes(env, job) == ["timeout", "timeout"]
 
 
+def running(env: Env) -> bool:
+    done = env.cli("explain", "hold", "--slot", SLOT, "--json")
+    return bool(json.loads(done.stdout)["answer"] == "running")
+
+
 @pytest.mark.postgres
 def test_cancel_stops_an_attempt_in_another_process_within_5_s(pg_env: Env) -> None:
     env = pg_env
     holder = env.popen("run", "hold", "--now", SLOT, "--json")
     try:
         wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), 60, "hold to start")
+        wait_until(lambda: running(env), 30, "its start to be recorded (after 1 s)")
         asked = env.cli("cancel", "hold", "--slot", SLOT, "--reason", "stuck", "--json")
         assert asked.returncode == 0, asked.stderr
         assert json.loads(asked.stdout)["status"] == "cancel requested"
@@ -67,6 +73,7 @@ def test_cancel_on_sqlite_is_refused_while_the_attempt_holds_the_write_lock(
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
         wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), 60, "hold to start")
+        assert running(env)
         before = snapshot(env.db_url)
         refused = env.cli("cancel", "hold")
         assert refused.returncode == 2

@@ -28,7 +28,8 @@ def test_a_slot_that_ran(env: Env) -> None:
     answer = explain(env, "hourly")
     assert answer["answer"] == "ran", answer
     assert answer["fields"]["by"] and answer["fields"]["duration_ms"] is not None
-    assert [a["outcome"] for a in answer["attempts"]] == ["ran"]
+    # A quick attempt that succeeds needs no record on Postgres: its claim says it all.
+    assert [a["outcome"] for a in answer["attempts"]] in ([], ["ran"])
     text = env.cli("explain", "hourly", "--slot", SLOT).stdout
     assert text.startswith("hourly slot 2026-11-30T10:00:00+00:00 ran: claimed by "), text
 
@@ -58,7 +59,7 @@ def test_a_slot_that_was_cancelled(pg_env: Env) -> None:
     env = pg_env
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
-        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), what="hold starts")
+        wait_until(lambda: explain(env, "hold")["answer"] == "running", what="hold runs")
         assert env.cli("cancel", "hold", "--actor", "ops@test").returncode == 0
         assert holder.wait(timeout=10) == 1
     finally:
@@ -74,7 +75,8 @@ def test_a_slot_whose_worker_was_sigkilled(env: Env) -> None:
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
         wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), what="hold starts")
-        assert explain(env, "hold")["answer"] == "running"
+        # Its start is recorded before the claim (SQLite) or once it has run 1 s (Postgres).
+        wait_until(lambda: explain(env, "hold")["answer"] == "running", what="hold runs")
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
     finally:

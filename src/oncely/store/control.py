@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from ..errors import BadInputError, OncelyError, SchemaMissingError, TaskStateError
 from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
@@ -233,9 +233,12 @@ class Control:
     def _origin(self, replica: str) -> dict[str, Any]:
         return {"replica": replica[:255], "host": socket.gethostname()[:255], "pid": os.getpid()}
 
-    async def start_attempt(self, job: str, key: str, slot: datetime, replica: str) -> int | None:
+    async def start_attempt(
+        self, job: str, key: str, slot: datetime, replica: str, *, busy_ms: int | None = None
+    ) -> int | None:
         """Record that an attempt at a slot starts; its id (None on a database without the
-        control plane's tables)."""
+        control plane's tables). `busy_ms`: how long SQLite may wait for its write lock
+        (a BUSY error past it: another attempt writes, and this one will not wait)."""
         if not self.store.has_control:
             return None
         now = self.dialect.now()
@@ -247,7 +250,7 @@ class Control:
             "recorded_at": now,
             **self._origin(replica),
         }
-        async with self._write(record=True) as conn:
+        async with self._write(busy_ms, record=True) as conn:
             return int((await conn.execute(sql.record_attempt(values))).scalar_one())
 
     async def end_attempt(self, attempt_id: int, outcome: str, error: BaseException | None) -> None:
@@ -258,6 +261,37 @@ class Control:
             values["error"] = str(error)[:ERROR_TEXT_MAX]
         async with self._write(record=True) as conn:
             await conn.execute(sql.end_attempt(attempt_id, values))
+
+    async def ended_attempt(
+        self,
+        job: str,
+        key: str,
+        slot: datetime,
+        replica: str,
+        outcome: str,
+        error: BaseException | None,
+        *,
+        started_at: datetime | None,
+    ) -> None:
+        """Record an attempt whose start was not recorded (it was quick), once it ended."""
+        if not self.store.has_control:
+            return
+        now = self.dialect.now()
+        values: dict[str, Any] = {
+            "job": job,
+            "key": key,
+            "slot": slot,
+            "outcome": outcome,
+            "started_at": started_at or now,
+            "finished_at": now,
+            "recorded_at": now,
+            **self._origin(replica),
+        }
+        if error is not None:
+            values["error_class"] = type(error).__name__[:200]
+            values["error"] = str(error)[:ERROR_TEXT_MAX]
+        async with self._write(record=True) as conn:
+            await conn.execute(sql.record_attempt(values))
 
     async def forget_attempt(self, attempt_id: int) -> None:
         """Delete the record of an attempt that did not claim its slot."""
@@ -341,6 +375,14 @@ class Control:
         if not self.store.has_control:
             return {}
         return {r.job: _pause(r) for r in await self.store._read(sql.pauses_in_force())}
+
+    async def pause_in(self, session: AsyncSession, job: str) -> Pause | None:
+        """The pause in force of a job, read in an attempt's open transaction."""
+        if not self.store.has_control:
+            return None
+        with self.store.translate():
+            row = (await session.execute(sql.pause_of(job))).first()
+        return _pause(row) if row is not None else None
 
     async def job_pauses(self, job: str) -> list[Pause]:
         """Every pause of one job, oldest first."""

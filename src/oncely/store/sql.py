@@ -208,6 +208,11 @@ def pauses_in_force() -> sa.Select[Any]:
     return sa.select(pauses).where(pauses.c.resumed_at.is_(None))
 
 
+def pause_of(job: str) -> sa.Select[Any]:
+    """The pause in force of one job, if any."""
+    return sa.select(pauses).where(pauses.c.job == job, pauses.c.resumed_at.is_(None))
+
+
 def job_pauses(job: str) -> sa.Select[Any]:
     """Every pause of a job, oldest first (what explain reads)."""
     return sa.select(pauses).where(pauses.c.job == job).order_by(pauses.c.id)
