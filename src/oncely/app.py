@@ -498,6 +498,12 @@ class Oncely:
         The ids of the attempts asked; BadInputError if none is running (nothing written)."""
         definition = self.registry.job(job)
         key = self.slot(job, slot).key if slot is not None else None
+        if not self.store.dialect.slot_locks:
+            raise BadInputError(
+                "on SQLite a running attempt holds the database's write lock until it ends, so "
+                "it cannot be asked to stop: nothing changed (stop the process running it: "
+                "SIGTERM rolls the attempt back; a job's timeout= works on SQLite too)"
+            )
         await self.store.ensure_schema()
         running = await self.store.control.running(definition.name, key)
         if not running:

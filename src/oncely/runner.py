@@ -371,7 +371,7 @@ async def _call_async(
     job: Job, session: AsyncSession, slot: datetime, watch: Watch
 ) -> Outcome | None:
     """Run an async job until it returns or `watch` stops it (the job is then cancelled)."""
-    if watch.timeout is None and not watch.store.has_control:
+    if watch.timeout is None and not watch.record.recordable:
         await job.func(session, slot)  # type: ignore[misc]
         return None
     call = asyncio.ensure_future(job.func(session, slot))  # type: ignore[arg-type]
@@ -417,7 +417,6 @@ async def attempt_slot(
     (the pause is read in the attempt's transaction: one statement, no connection of its own).
     """
     record = Record(store, request, slot)
-    await record.before_claim()
     try:
         async with store.attempt() as session:
             outcome = await _claim(store, session, request)
@@ -447,14 +446,14 @@ async def _paused(store: Store, session: AsyncSession, job: Job) -> Outcome | No
 class Record:
     """An attempt's record, written outside its transaction in short ones of its own.
 
-    Where the database takes other writes while an attempt's transaction is open
-    (Postgres), the start is recorded once the attempt has run LISTEN_AFTER (a plain `def`
-    job, which blocks the loop: once claimed), so a quick attempt that succeeds costs no
-    record: its claim says it all; an attempt that fails, times out or is cancelled is
-    recorded when it ends. On SQLite, whose write lock the attempt holds from its claim to
-    its commit, the start is recorded just before the claim and forgotten if the claim is
-    not won. Recording is best effort: a record that cannot be written leaves the attempt as
-    it is (explain says less about it).
+    An attempt that fails, times out or is cancelled is recorded when it ends; a quick one
+    that succeeds costs no record: its claim says it all. Where the database takes other
+    writes while an attempt's transaction is open (Postgres), the start is also recorded
+    once the attempt has run LISTEN_AFTER (a plain `def` job, which blocks the loop: once
+    claimed), so that it can be explained ("running", or "died" with its process) and
+    cancelled while it runs. SQLite's write lock is the attempt's from its claim to its
+    commit: there no start is recorded. Recording is best effort: a record that cannot be
+    written leaves the attempt as it is (explain says less about it).
     """
 
     def __init__(self, store: Store, request: ClaimRequest, slot: datetime) -> None:
@@ -464,25 +463,22 @@ class Record:
         self.id: int | None = None
         self.claimed_at: datetime | None = None
 
-    async def start(self, busy_ms: int | None = None) -> None:
-        """Record the attempt's start (once)."""
-        if self.id is not None:
+    @property
+    def recordable(self) -> bool:
+        """Whether this attempt's start can be recorded while it runs (and so cancelled)."""
+        return self.store.has_control and self.store.dialect.slot_locks
+
+    async def start(self) -> None:
+        """Record the attempt's start (once, where the database allows it meanwhile)."""
+        if self.id is not None or not self.recordable:
             return
         with contextlib.suppress(OncelyError):
             r = self.request
-            self.id = await self.store.control.start_attempt(
-                r.job, r.key, self.slot, r.claimed_by, busy_ms=busy_ms
-            )
-
-    async def before_claim(self) -> None:
-        # Never waiting: a write lock held means another attempt runs, and a loser moves on
-        # at once (guarantee 4); this attempt then goes without a start record.
-        if not self.store.dialect.slot_locks:
-            await self.start(busy_ms=0)
+            self.id = await self.store.control.start_attempt(r.job, r.key, self.slot, r.claimed_by)
 
     async def claimed(self, job: Job) -> None:
         self.claimed_at = clock.utcnow()
-        if self.store.dialect.slot_locks and not job.is_async:
+        if not job.is_async:
             await self.start()
 
     async def ended(self, outcome: Outcome) -> None:

@@ -233,12 +233,9 @@ class Control:
     def _origin(self, replica: str) -> dict[str, Any]:
         return {"replica": replica[:255], "host": socket.gethostname()[:255], "pid": os.getpid()}
 
-    async def start_attempt(
-        self, job: str, key: str, slot: datetime, replica: str, *, busy_ms: int | None = None
-    ) -> int | None:
-        """Record that an attempt at a slot starts; its id (None on a database without the
-        control plane's tables). `busy_ms`: how long SQLite may wait for its write lock
-        (a BUSY error past it: another attempt writes, and this one will not wait)."""
+    async def start_attempt(self, job: str, key: str, slot: datetime, replica: str) -> int | None:
+        """Record that an attempt at a slot runs; its id (None on a database without the
+        control plane's tables)."""
         if not self.store.has_control:
             return None
         now = self.dialect.now()
@@ -250,7 +247,7 @@ class Control:
             "recorded_at": now,
             **self._origin(replica),
         }
-        async with self._write(busy_ms, record=True) as conn:
+        async with self._write(record=True) as conn:
             return int((await conn.execute(sql.record_attempt(values))).scalar_one())
 
     async def end_attempt(self, attempt_id: int, outcome: str, error: BaseException | None) -> None:
