@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -16,20 +17,38 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from . import clock, config, events, queue
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedError
-from .identity import replica_id
-from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
+from .explain import explain_slot, explain_task
+from .identity import default_actor, replica_id
+from .model import (
+    AuditEntry,
+    Claim,
+    Explanation,
+    Pause,
+    PlannedSlot,
+    RunResult,
+    RunStatus,
+    Slot,
+    TaskRecord,
+    TaskState,
+)
 from .queue import DEFAULT_CONCURRENCY
-from .registry import JobFunc, KeyFunc, Registry
+from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import run_slot
 from .schedule import Schedule
 from .store import Store
+from .store.control import Action
 from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
 from .worker import DEFAULT_SHUTDOWN_TIMEOUT
 
 F = TypeVar("F", bound=JobFunc)
 
 DEFAULT_DATABASE_URL = "sqlite:///oncely.db"
+DEFAULT_MAX_SLOTS = 1000
+"""A backfill of more slots than this is refused before anything runs (`--max-slots`)."""
+BACKFILL_PATIENCE = 60.0
+"""Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,
+overlap="skip") before it reports it as such and moves on."""
 DEFAULT_LEASE = 30.0
 """Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
@@ -86,6 +105,7 @@ class Oncely:
         catch_up: str = "latest",
         grace: timedelta | None = None,
         overlap: str = "skip",
+        timeout: timedelta | None = None,
     ) -> Callable[[F], F]:
         """Register `f(db, now)` to run once per slot of `schedule`.
 
@@ -93,12 +113,20 @@ class Oncely:
         also holds the slot's claim; `now` is the slot's nominal time in the schedule's zone.
         The job never commits: returning commits, raising rolls back and frees the slot.
         `catch_up`, `grace` and `overlap` tell the worker what to do with missed and
-        overlapping slots (see docs/worker.md).
+        overlapping slots (see docs/worker.md). An attempt running longer than `timeout` is
+        cancelled and rolled back: its slot stays free (see docs/operate.md).
         """
 
         def register(func: F) -> F:
             self.registry.add_job(
-                schedule, func, name=name, key=key, catch_up=catch_up, grace=grace, overlap=overlap
+                schedule,
+                func,
+                name=name,
+                key=key,
+                catch_up=catch_up,
+                grace=grace,
+                overlap=overlap,
+                timeout=timeout,
             )
             return func
 
@@ -178,16 +206,20 @@ class Oncely:
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         slot = self.slot(job, now)
         await self.store.ensure_schema()
-        return await run_slot(self.store, self.registry.job(job), slot.at, slot.key, replica_id())
+        return await run_slot(
+            self.store, self.registry.job(job), slot.at, slot.key, replica_id(), check_pause=True
+        )
 
     async def run(self, job: str, now: datetime | None = None) -> RunResult:
         """Run the slot due at `now` once if nobody has; re-raise the job's error after rollback.
 
-        Returns `ran`, `skipped` (claimed before: the job was not called) or `busy` (someone
-        is running it right now: returned at once, without waiting).
+        Returns `ran`, `skipped` (claimed before: the job was not called), `busy` (someone
+        is running it right now: returned at once, without waiting) or `paused` (the job is
+        paused: not started). A timeout or a cancel raises JobTimeoutError or
+        JobCancelledError after the rollback.
         """
         result = await self.attempt(job, now)
-        if result.status is RunStatus.FAILED and result.error is not None:
+        if result.status in _RAISED and result.error is not None:
             raise result.error
         return result
 
@@ -291,9 +323,19 @@ class Oncely:
         """The newest claim of each job that has one."""
         return await self.store.last_claims()
 
-    async def release(self, job: str, key: str) -> Claim | None:
-        """Delete one claim so its slot can run again (logged); the claim deleted, or None."""
-        claim = await self.store.release(job, key)
+    async def release(
+        self,
+        job: str,
+        key: str,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> Claim | None:
+        """Delete one claim so its slot can run again (logged, audited); the claim deleted, or
+        None. Refused (BadInputError) while an attempt at the slot runs, unless `force`."""
+        action = self._action("release", job, f"{job} {key}", actor, reason)
+        claim = await self.store.control.release(action, job, key, force=force)
         if claim is not None:
             events.emit(
                 "run.released",
@@ -312,19 +354,6 @@ class Oncely:
     ) -> list[TaskRecord]:
         """Tasks newest first, optionally of one state and one task name."""
         return await queue.list_tasks(self, state, task, limit)
-
-    async def retry_task(self, task_id: int) -> TaskRecord:
-        """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
-        return await queue.retry_task(self, task_id)
-
-    async def discard_task(self, task_id: int) -> TaskRecord:
-        """Discard a task that has not succeeded; a running attempt of it then rolls back."""
-        return await queue.discard_task(self, task_id)
-
-    async def prune(self, older_than: timedelta) -> tuple[int, int]:
-        """Delete tasks finished, and slot claims made, more than `older_than` ago (database
-        time); (tasks, claims) deleted. See docs/tasks.md on how long to keep claims."""
-        return await queue.prune(self, older_than)
 
     async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
         """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not
@@ -380,10 +409,249 @@ class Oncely:
             await asyncio.sleep(wait)  # polling the row, with a deadline
             pause = min(pause * 2, 0.5)
 
+    # -- operating it: pause, backfill, explain, cancel, the audit trail ----------------
+
+    def _action(
+        self, action: str, job: str | None, target: str, actor: str | None, reason: str | None
+    ) -> Action:
+        return Action(
+            actor=actor or default_actor(), action=action, target=target, job=job, reason=reason
+        )
+
+    async def pause(
+        self, job: str, *, reason: str | None = None, actor: str | None = None
+    ) -> Pause:
+        """Stop starting slots of a job, everywhere, from the next scheduling step on (a slot
+        already running finishes). Slots that fall inside the pause are not caught up on
+        resume: `backfill` runs them. Audited; refused if the job is paused already."""
+        name = self.registry.job(job).name
+        return await self.store.control.pause(self._action("pause", name, name, actor, reason))
+
+    async def resume(
+        self, job: str, *, reason: str | None = None, actor: str | None = None
+    ) -> Pause:
+        """End a job's pause (audited); the pause that ended. Refused if it is not paused."""
+        name = self.registry.job(job).name
+        return await self.store.control.resume(self._action("resume", name, name, actor, reason))
+
+    async def pauses(self) -> dict[str, Pause]:
+        """The pauses in force, by job."""
+        await self.store.ensure_schema()
+        return await self.store.control.pauses()
+
+    def backfill_slots(
+        self, job: str, start: datetime, end: datetime, max_slots: int
+    ) -> list[tuple[datetime, str]]:
+        """The (slot, key) pairs of `job` in [start, end); BadInputError for a reversed range
+        or one of more than `max_slots` (no database touched)."""
+        definition = self.registry.job(job)
+        start, end = _aware(start), _aware(end)
+        if end <= start:
+            raise BadInputError(
+                f"bad range: --to {end.isoformat()} is not after --from {start.isoformat()}"
+            )
+        slots: list[tuple[datetime, str]] = []
+        for slot in definition.schedule.slots_after(start - timedelta(microseconds=1)):
+            if slot >= end:
+                break
+            if len(slots) >= max_slots:
+                raise BadInputError(
+                    f"the range holds more than {max_slots} slots of {job!r}: nothing ran "
+                    "(narrow it, or raise --max-slots)"
+                )
+            slots.append((slot, definition.key_for(slot)))
+        return slots
+
+    async def backfill_plan(
+        self, job: str, start: datetime, end: datetime, *, max_slots: int = DEFAULT_MAX_SLOTS
+    ) -> list[PlannedSlot]:
+        """Every slot of `job` in [start, end) with what `backfill` would do with it: `would
+        run`, `already ran` (its claim) or `running now` (its attempt). Changes nothing."""
+        slots = self.backfill_slots(job, start, end, max_slots)
+        await self.store.ensure_schema()
+        control = self.store.control
+        claims = await control.claims(job, [key for _, key in slots])
+        running = {a.key: a for a in await control.running(job)}
+        plan = []
+        for slot, key in slots:
+            if key in claims:
+                plan.append(PlannedSlot(job, key, slot, "already ran", claim=claims[key]))
+            elif key in running:
+                plan.append(PlannedSlot(job, key, slot, "running now", running=running[key]))
+            else:
+                plan.append(PlannedSlot(job, key, slot, "would run"))
+        return plan
+
+    async def backfill(
+        self,
+        job: str,
+        start: datetime,
+        end: datetime,
+        *,
+        max_slots: int = DEFAULT_MAX_SLOTS,
+        actor: str | None = None,
+        reason: str | None = None,
+        stop: asyncio.Event | None = None,
+        on_result: Callable[[RunResult], None] | None = None,
+    ) -> list[RunResult]:
+        """Run the free slots of `job` in [start, end), oldest first, each as `run(now=slot)`
+        would (its claim, its transaction: a slot that ran is skipped); one audit row. A set
+        `stop` ends it after the current slot. The jobs's pause does not stop a backfill."""
+        plan = await self.backfill_plan(job, start, end, max_slots=max_slots)
+        definition = self.registry.job(job)
+        results: list[RunResult] = []
+        free = [p for p in plan if p.action == "would run"]
+        for planned in free:
+            if stop is not None and stop.is_set():
+                break
+            result = await self._backfill_one(definition, planned)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+        counts: dict[str, int] = {}
+        for result in results:
+            counts[result.status.value] = counts.get(result.status.value, 0) + 1
+        summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "nothing to run"
+        if len(results) < len(free):
+            summary += f"; stopped after {len(results)} of {len(free)} free slots"
+        target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
+        action = self._action("backfill", definition.name, target, actor, reason)
+        await self.store.control.audited(action, summary)
+        return results
+
+    async def _backfill_one(self, definition: Job, planned: PlannedSlot) -> RunResult:
+        """Run one slot of a backfill; a slot someone holds (busy) or that waits for another
+        slot of the job (overlap) is tried again shortly, until it is settled."""
+        deadline = time.monotonic() + BACKFILL_PATIENCE
+        pause = 0.05
+        while True:
+            result = await run_slot(self.store, definition, planned.slot, planned.key, replica_id())
+            if result.status not in (RunStatus.BUSY, RunStatus.OVERLAP):
+                return result
+            if time.monotonic() + pause > deadline:
+                return result
+            await asyncio.sleep(pause)  # a retry's backoff: the holder finishes meanwhile
+            pause = min(pause * 2, 1.0)
+
+    async def explain(self, job: str, slot: datetime | None = None) -> Explanation:
+        """Why the slot of `job` due at `slot` (default: the latest due one) ran or did not,
+        in one answer (see oncely.explain) from the claim, attempt records and pauses."""
+        definition = self.registry.job(job)
+        await self.store.ensure_schema()
+        now = await self.store.database_time()
+        at = self.slot(job, slot if slot is not None else now)
+        control = self.store.control
+        records = await control.slot_records(definition.name, at.key, at.at)
+        return explain_slot(
+            job=definition.name,
+            key=at.key,
+            slot=at.at,
+            now=now,
+            catch_up=definition.catch_up,
+            claim=await self.store.get_claim(definition.name, at.key),
+            records=records,
+            pauses=await control.job_pauses(definition.name),
+        )
+
+    async def cancel(
+        self,
+        job: str,
+        slot: datetime | None = None,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> list[int]:
+        """Stop the running attempt of `job` (at `slot`, else any), in whatever process runs
+        it: it notices within seconds, rolls back and frees the slot (outcome `cancelled`).
+        The ids of the attempts asked; BadInputError if none is running (nothing written)."""
+        definition = self.registry.job(job)
+        key = self.slot(job, slot).key if slot is not None else None
+        if not self.store.dialect.slot_locks:
+            raise BadInputError(
+                "on SQLite a running attempt holds the database's write lock until it ends, so "
+                "it cannot be asked to stop: nothing changed (stop the process running it: "
+                "SIGTERM rolls the attempt back; a job's timeout= works on SQLite too)"
+            )
+        await self.store.ensure_schema()
+        running = await self.store.control.running(definition.name, key)
+        if not running:
+            where = f" at slot {slot.isoformat()}" if slot is not None else ""
+            raise BadInputError(
+                f"no attempt of {definition.name!r}{where} is running: nothing to cancel"
+            )
+        target = ", ".join(f"{definition.name} {a.key}" for a in running)
+        action = self._action("cancel", definition.name, target, actor, reason)
+        asked = await self.store.control.cancel_attempts(action, running)
+        if not asked:
+            raise BadInputError(
+                f"the attempt of {definition.name!r} ended meanwhile: nothing to cancel"
+            )
+        return asked
+
+    async def cancel_task(
+        self, task_id: int, *, actor: str | None = None, reason: str | None = None
+    ) -> tuple[str, TaskRecord | None]:
+        """Cancel a task: one that has not started is discarded ("discarded", its record); a
+        running one gets a cancel request its worker acts on ("cancel requested", None).
+        Audited; a task in another state is refused (TaskStateError)."""
+        action = self._action("task_cancel", None, f"task {task_id}", actor, reason)
+        return await self.store.control.cancel_task(action, task_id)
+
+    async def retry_task(
+        self, task_id: int, *, actor: str | None = None, reason: str | None = None
+    ) -> TaskRecord:
+        """Run a dead, discarded or waiting task again now, with fresh attempts (audited)."""
+        action = self._action("task_retry", None, f"task {task_id}", actor, reason)
+        return await self.store.control.retry_task(action, task_id)
+
+    async def discard_task(
+        self, task_id: int, *, actor: str | None = None, reason: str | None = None
+    ) -> TaskRecord:
+        """Discard a task that has not succeeded (audited); a running attempt rolls back."""
+        action = self._action("task_discard", None, f"task {task_id}", actor, reason)
+        return await self.store.control.discard_task(action, task_id)
+
+    async def explain_task(self, task_id: int) -> tuple[TaskRecord, str, str]:
+        """A task's record, and (answer, sentence) about where it is and why."""
+        rec = await self.store.tasks.get(task_id)
+        if rec is None:
+            raise BadInputError(f"no task with id {task_id}")
+        cancel = await self.store.control.task_cancel_request(task_id)
+        answer, sentence = explain_task(rec, cancel)
+        return rec, answer, sentence
+
+    async def audit(self, job: str | None = None, limit: int = 50) -> list[AuditEntry]:
+        """The operators' actions, newest first (of one job, or all)."""
+        return await self.store.control.audit(job, limit)
+
+    async def prune(
+        self, older_than: timedelta, *, actor: str | None = None, reason: str | None = None
+    ) -> dict[str, int]:
+        """Delete finished tasks, claims, attempt records and ended pauses older than
+        `older_than`, in one audited transaction; how many of each."""
+        if older_than <= timedelta(0):
+            raise BadInputError(f"--older-than must be positive, got {older_than}")
+        await self.store.ensure_schema()
+        before = await self.store.database_time() - older_than
+        action = self._action("prune", None, f"older than {_age(older_than)}", actor, reason)
+        return await self.store.control.prune(action, before)
+
     async def aclose(self) -> None:
         """Release the connection pool oncely opened (a user's engine stays open)."""
         if self._store is not None:
             await self._store.dispose()
+
+
+def _age(delta: timedelta) -> str:
+    """A duration as the CLI writes it: 30d, 12h, 90m, 45s (the largest exact unit)."""
+    seconds = delta.total_seconds()
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+_RAISED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED)
 
 
 def _aware(t: datetime) -> datetime:

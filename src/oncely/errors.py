@@ -101,3 +101,15 @@ class TaskFailedError(OncelyError):
 
 class ResultTimeoutError(OncelyError, TimeoutError):
     """The task did not finish within the time `task_result` was given to wait."""
+
+
+class JobTimeoutError(OncelyError, TimeoutError):
+    """The job ran longer than its timeout: it was cancelled and rolled back."""
+
+
+class JobCancelledError(OncelyError):
+    """An operator cancelled the attempt: it was rolled back, the slot is free."""
+
+
+class TaskCancelledError(OncelyError):
+    """An operator cancelled the running task (`oncely tasks cancel`): rolled back, discarded."""

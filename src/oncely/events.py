@@ -32,7 +32,7 @@ def unsubscribe(observer: Observer) -> None:
         _observers.remove(observer)
 
 
-ROUTINE = frozenset({"run.skipped", "run.busy"})
+ROUTINE = frozenset({"run.skipped", "run.busy", "run.paused"})
 """Events a worker replica reports for every slot another replica won: DEBUG inside
 `routine()` (a 5-second job on 3 replicas would log ~100k of them a day at INFO). The same
 events from `oncely run` / `app.run()` (a duplicate trigger) stay INFO."""

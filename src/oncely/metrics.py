@@ -160,6 +160,12 @@ EVENTS: dict[str, list[Update]] = {
         *_run("failed"),
         Update("oncely_run_duration_seconds", lambda f: (_job(f), "failed"), "duration_ms"),
     ],
+    "run.timeout": [
+        *_run("timeout"),
+        Update("oncely_run_duration_seconds", lambda f: (_job(f), "timeout"), "duration_ms"),
+    ],
+    "run.cancelled": _run("cancelled"),
+    "run.paused": _run("paused"),
     "run.missed": [Update("oncely_slots_missed_total", lambda f: (_job(f),), count="count")],
     "run.overlap_skipped": [Update("oncely_slots_overlap_skipped_total", lambda f: (_job(f),))],
     "task.enqueued": _task_state("enqueued"),

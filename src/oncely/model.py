@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 class RunStatus(str, enum.Enum):
@@ -23,6 +24,12 @@ class RunStatus(str, enum.Enum):
     UNKNOWN = "unknown"
     """The connection was lost during COMMIT and the claim could not be read back: the
     work may or may not have committed (`oncely history JOB` tells; a retry is safe)."""
+    TIMEOUT = "timeout"
+    """The job ran longer than its `timeout=`: cancelled, rolled back, the slot is free."""
+    CANCELLED = "cancelled"
+    """An operator cancelled the attempt (`oncely cancel`): rolled back, the slot is free."""
+    PAUSED = "paused"
+    """The job is paused (`oncely pause`): not started."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,11 @@ class RunResult:
     claim: Claim | None = None
     """For `skipped`: the claim that was already there (who ran the slot, and when)."""
     error: BaseException | None = None
-    """For `failed`: what the job raised."""
+    """For `failed`: what the job raised (for `timeout`, `cancelled`: why it stopped)."""
+    claimed_by: str | None = None
+    """For `ran`: this attempt's replica; for `skipped`: the replica that ran the slot."""
+    pause: Pause | None = None
+    """For `paused`: the pause in force."""
 
 
 class TaskState(str, enum.Enum):
@@ -110,3 +121,84 @@ class TaskRecord:
     """Higher first: a due task is leased before due tasks of lower priority."""
     result: object = None
     """What the task returned (JSON), stored with its success; None before or without one."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A pause of a job: who asked, when and why; in force while `resumed_at` is None."""
+
+    job: str
+    paused_at: datetime
+    paused_by: str
+    reason: str | None
+    resumed_at: datetime | None = None
+    resumed_by: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action, as the audit trail keeps it."""
+
+    id: int
+    at: datetime
+    """Database time of the action's transaction."""
+    actor: str
+    action: str
+    job: str | None
+    target: str
+    reason: str | None
+    result: str
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt at a slot came to, recorded outside the job's transaction.
+
+    `outcome` is None while it runs (or if its process died); `overlap` and `missed` rows
+    record slots a worker did not start (`slot_last`: the end of a missed range).
+    """
+
+    id: int
+    job: str
+    key: str | None
+    slot: datetime | None
+    outcome: str | None
+    replica: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    recorded_at: datetime
+    error_class: str | None = None
+    error: str | None = None
+    slot_last: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    cancel_requested_by: str | None = None
+    alive: bool = False
+    """For an attempt with no outcome: whether its holder is still running it."""
+
+
+@dataclass(frozen=True)
+class PlannedSlot:
+    """One slot of a backfill's plan: what `--apply` would do with it, and why."""
+
+    job: str
+    key: str
+    slot: datetime
+    action: str
+    """`would run`, `already ran` (see `claim`) or `running now` (see `running`)."""
+    claim: Claim | None = None
+    running: Attempt | None = None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a slot of a job did (or did not) run, from what the database recorded."""
+
+    job: str
+    key: str
+    slot: datetime
+    answer: str
+    """ran · running · not_due · released · failed · timeout · cancelled · died · paused ·
+    overlap · missed · no_worker"""
+    sentence: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    attempts: tuple[Attempt, ...] = ()

@@ -39,6 +39,8 @@ class Job:
     """Slots later than this are not run by the worker but reported missed; None: no limit."""
     overlap: Overlap = "skip"
     """Whether a slot may start while the job's previous slot is still running."""
+    timeout: timedelta | None = None
+    """An attempt that runs longer is cancelled and rolled back (outcome `timeout`)."""
     attempt: AttemptFunc | None = None
     """How one attempt runs when its transaction is not oncely's session but a framework's
     (Django's): `await attempt(store, job, slot, request)` returns the runner's Outcome.
@@ -133,6 +135,7 @@ class Registry:
         catch_up: str = "latest",
         grace: timedelta | None = None,
         overlap: str = "skip",
+        timeout: timedelta | None = None,
         attempt: AttemptFunc | None = None,
     ) -> Job:
         """Validate and register a job; raise ConfigError naming the job if anything is off.
@@ -154,6 +157,10 @@ class Registry:
             raise ConfigError(f"job {job_name!r}: key= must be a function of the slot time")
         _check_signature(job_name, func, 1 if attempt is not None else 2)
         _check_policy(job_name, catch_up, grace, overlap)
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ConfigError(
+                f"job {job_name!r}: timeout must be a positive timedelta or None, got {timeout!r}"
+            )
         if job_name in self._jobs:
             raise ConfigError(f"job {job_name!r} is registered twice")
         lock_key = locks.job_lock_key(job_name)
@@ -163,7 +170,7 @@ class Registry:
             raise ConfigError(
                 f"jobs {other!r} and {job_name!r} share one advisory-lock key: rename one of them"
             )
-        job = Job(job_name, schedule, func, key, catch_up, grace, overlap, attempt)  # type: ignore[arg-type]
+        job = Job(job_name, schedule, func, key, catch_up, grace, overlap, timeout, attempt)  # type: ignore[arg-type]
         self._jobs[job_name] = job
         self._lock_keys[lock_key] = job_name
         return job

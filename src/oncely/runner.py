@@ -10,6 +10,8 @@ attempts of the same shape: they use the same outcomes, the same commit and the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -22,8 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from . import clock, events
-from .errors import JobTransactionError
-from .model import Claim, RunResult, RunStatus
+from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, OncelyError
+from .model import Claim, Pause, RunResult, RunStatus
 from .registry import Job
 from .store import ClaimOutcome, ClaimRequest, Store, violation
 from .store.outcome import claim_landed
@@ -54,7 +56,10 @@ class Outcome:
     claim: Claim | None = None
     """For a slot that ran before: the claim that was already there."""
     error: BaseException | None = None
-    """For `failed`: what the job raised, or why the commit failed."""
+    """For `failed`: what the job raised, or why the commit failed (for `timeout` and
+    `cancelled`: why the attempt was stopped)."""
+    pause: Pause | None = None
+    """For `paused`: the pause in force."""
 
 
 RAN = Outcome(RunStatus.RAN, Stage.COMMIT)
@@ -146,6 +151,21 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
         "text": "the commit failed; rolled back, the slot is free",
         "timed": False,
     },
+    ("run", RunStatus.TIMEOUT, Stage.CALL): {
+        "event": "run.timeout",
+        "text": "the job ran past its timeout: cancelled, rolled back, the slot is free",
+        "timed": True,
+    },
+    ("run", RunStatus.CANCELLED, Stage.CALL): {
+        "event": "run.cancelled",
+        "text": "an operator cancelled the attempt: rolled back, the slot is free",
+        "timed": True,
+    },
+    ("run", RunStatus.PAUSED, Stage.CLAIM): {
+        "event": "run.paused",
+        "text": "the job is paused: not started",
+        "timed": False,
+    },
     ("run", RunStatus.RAN, Stage.COMMIT): {"event": "run.ran", "text": "ran", "timed": True},
     ("run", RunStatus.RAN, Stage.READ_BACK): {
         "event": "run.ran",
@@ -182,6 +202,14 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
 }
 
 
+_ERRORS = {
+    RunStatus.FAILED: logging.ERROR,
+    RunStatus.UNKNOWN: logging.ERROR,
+    RunStatus.TIMEOUT: logging.ERROR,
+    RunStatus.CANCELLED: logging.WARNING,
+}
+
+
 def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, Any]) -> None:
     """The one event of an attempt's outcome (`what`: "run" for a slot, "effect" for a key)."""
     event = _EVENTS[(what, outcome.status, outcome.stage)]
@@ -191,9 +219,13 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
         extra["claimed_by"] = claim.claimed_by if claim else None
         extra["claimed_at"] = claim.claimed_at.isoformat() if claim else None
     level = logging.INFO
-    if outcome.status in (RunStatus.FAILED, RunStatus.UNKNOWN):
-        level = logging.ERROR
+    if outcome.status in _ERRORS:
+        level = _ERRORS[outcome.status]
         extra["error"] = f"{type(outcome.error).__name__}: {outcome.error}"
+    if outcome.pause is not None:
+        extra["paused_by"] = outcome.pause.paused_by
+        extra["paused_at"] = outcome.pause.paused_at.isoformat()
+        extra["reason"] = outcome.pause.reason
     if event["timed"]:
         extra["duration_ms"] = round(duration * 1000, 1)
     events.emit(event["event"], event["text"], level=level, **extra, **fields)
@@ -213,13 +245,116 @@ async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> 
     return not_claimed(_NOT_CLAIMED[answer], claim)
 
 
-async def _call(store: Store, job: Job, session: AsyncSession, slot: datetime) -> Outcome | None:
+CANCEL_POLL = 1.0
+"""Seconds between two looks of a running attempt at its cancel request, while it polls."""
+CANCEL_POLL_LISTENING = 4.0
+"""The same while the database notifies this process of cancel requests (Postgres LISTEN):
+the poll only covers a notification lost with its connection."""
+LISTEN_AFTER = 1.0
+"""Seconds an attempt runs before it listens for cancel requests (short jobs never open the
+listening connection: their first poll comes first)."""
+
+
+class Watch:
+    """What may stop a running attempt early: its job's `timeout`, an operator's cancel."""
+
+    def __init__(self, store: Store, job: Job, record: Record) -> None:
+        self.store = store
+        self.record = record
+        self.timeout = job.timeout.total_seconds() if job.timeout is not None else None
+        self.started = time.monotonic()
+        self.cancelled_by: str | None = None
+
+    @property
+    def attempt_id(self) -> int | None:
+        return self.record.id
+
+    def _stop(self) -> Outcome | None:
+        if self.cancelled_by is not None:
+            error: OncelyError = JobCancelledError(f"cancelled by {self.cancelled_by}")
+            return Outcome(RunStatus.CANCELLED, Stage.CALL, error=error)
+        if self.timeout is not None and time.monotonic() - self.started >= self.timeout:
+            error = JobTimeoutError(f"the job ran longer than its timeout of {self.timeout:g} s")
+            return Outcome(RunStatus.TIMEOUT, Stage.CALL, error=error)
+        return None
+
+    async def _asked(self) -> None:
+        if self.attempt_id is None or self.cancelled_by is not None:
+            return
+        with contextlib.suppress(OncelyError):  # unreadable now: look again next time
+            self.cancelled_by = await self.store.control.cancel_request(self.attempt_id)
+
+    def _wait(self, poll: float | None) -> float | None:
+        if self.timeout is None:
+            return poll
+        left = max(0.0, self.timeout - (time.monotonic() - self.started))
+        return left if poll is None else min(poll, left)
+
+    async def until_stopped(self, call: asyncio.Future[Any]) -> Outcome | None:
+        """Wait for `call` to end; an outcome if the attempt must stop first (timeout,
+        cancel), None once `call` is done."""
+        if self.record.id is None:  # not recorded yet: an attempt that is quick needs none
+            stop = await self._until(call, None, self.started + LISTEN_AFTER)
+            if stop is not None or call.done():
+                return stop
+            await self.record.start()
+        attempt_id = self.record.id
+        if attempt_id is None:  # no control plane here (or the record failed): time out only
+            return await self._until(call, None, None)
+        async with self.store.control.signals.watch(attempt_id) as cancelled:
+            return await self._until(call, CANCEL_POLL, None, cancelled)
+
+    async def _until(
+        self,
+        call: asyncio.Future[Any],
+        poll: float | None,
+        until: float | None,
+        cancelled: asyncio.Event | None = None,
+    ) -> Outcome | None:
+        """Wait (polling every `poll`, woken by `cancelled`) for `call`, a stop, or `until`."""
+        woken = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
+        try:
+            while not call.done():
+                if until is not None and time.monotonic() >= until:
+                    return None
+                listening = woken is not None and self.store.control.signals.listening
+                wait = self._wait(CANCEL_POLL_LISTENING if listening else poll)
+                if until is not None:
+                    left = max(0.0, until - time.monotonic())
+                    wait = left if wait is None else min(wait, left)
+                pending = {call} | ({woken} if woken else set())
+                await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if call.done():
+                    return None
+                await self._asked()  # woken by a notification, or the poll's turn
+                stop = self._stop()
+                if stop is not None:
+                    return stop
+            return None
+        finally:
+            if woken is not None:
+                woken.cancel()
+
+    async def after_sync(self) -> Outcome | None:
+        """For a plain `def` job, which cannot be interrupted: once it returned, whether it
+        ran past its timeout or was cancelled meanwhile (then it must not commit)."""
+        await self._asked()
+        return self._stop()
+
+
+async def _call(
+    store: Store, job: Job, session: AsyncSession, slot: datetime, watch: Watch
+) -> Outcome | None:
     error: Exception | None = None
     try:
         if job.is_async:
-            await job.func(session, slot)  # type: ignore[misc]
+            stop = await _call_async(job, session, slot, watch)
         else:
             await session.run_sync(lambda sync_session: job.func(sync_session, slot))
+            stop = await watch.after_sync()
+        if stop is not None:
+            await store.abandon(session)
+            return stop
     except Exception as exc:
         error = exc
     except BaseException:
@@ -230,6 +365,28 @@ async def _call(store: Store, job: Job, session: AsyncSession, slot: datetime) -
     if outcome is not None:
         await store.abandon(session)
     return outcome
+
+
+async def _call_async(
+    job: Job, session: AsyncSession, slot: datetime, watch: Watch
+) -> Outcome | None:
+    """Run an async job until it returns or `watch` stops it (the job is then cancelled)."""
+    if watch.timeout is None and not watch.record.recordable:
+        await job.func(session, slot)  # type: ignore[misc]
+        return None
+    call = asyncio.ensure_future(job.func(session, slot))  # type: ignore[arg-type]
+    try:
+        stop = await watch.until_stopped(call)
+    except BaseException:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        raise
+    if stop is None:
+        call.result()  # the job's own error, if it raised
+        return None
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    return stop
 
 
 async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) -> Outcome:
@@ -246,21 +403,125 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
     return outcome
 
 
-async def attempt_slot(store: Store, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
+async def attempt_slot(
+    store: Store,
+    job: Job,
+    slot: datetime,
+    request: ClaimRequest,
+    *,
+    check_pause: bool = False,
+) -> Outcome:
     """Claim → call → commit for one slot, in a session of its own; what it came to.
 
     A job whose transaction is a framework's (`Job.attempt`) runs the same three steps there.
+    With `check_pause`, a claimed slot of a paused job is rolled back before the call
+    (the pause is read in the attempt's transaction: one statement, no connection of its own).
     """
-    if job.attempt is not None:
+    if job.attempt is not None:  # a framework's transaction (Django's)
         framework: Outcome = await job.attempt(store, job, slot, request)
         return framework
-    async with store.attempt() as session:
-        outcome = await _claim(store, session, request)
-        if outcome is None:
-            outcome = await _call(store, job, session, slot)
-        if outcome is None:
-            outcome = await _commit(store, session, request)
-        return outcome
+    record = Record(store, request, slot)
+    try:
+        async with store.attempt() as session:
+            outcome = await _claim(store, session, request)
+            if outcome is None and check_pause:
+                outcome = await _paused(store, session, job)
+            if outcome is None:
+                await record.claimed(job)
+                outcome = await _call(store, job, session, slot, Watch(store, job, record))
+            if outcome is None:
+                outcome = await _commit(store, session, request)
+    except asyncio.CancelledError:  # the worker's shutdown: rolled back, the slot is free
+        stopped = JobCancelledError("the worker shut down before the attempt ended")
+        await asyncio.shield(record.ended(Outcome(RunStatus.CANCELLED, Stage.CALL, error=stopped)))
+        raise
+    await record.ended(outcome)
+    return outcome
+
+
+async def _paused(store: Store, session: AsyncSession, job: Job) -> Outcome | None:
+    pause = await store.control.pause_in(session, job.name)
+    if pause is None:
+        return None
+    await store.abandon(session)  # the claim rolls back: the slot stays free
+    return Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
+
+
+class Record:
+    """An attempt's record, written outside its transaction in short ones of its own.
+
+    An attempt that fails, times out or is cancelled is recorded when it ends; a quick one
+    that succeeds costs no record: its claim says it all. Where the database takes other
+    writes while an attempt's transaction is open (Postgres), the start is also recorded
+    once the attempt has run LISTEN_AFTER (a plain `def` job, which blocks the loop: once
+    claimed), so that it can be explained ("running", or "died" with its process) and
+    cancelled while it runs. SQLite's write lock is the attempt's from its claim to its
+    commit: there no start is recorded. Recording is best effort: a record that cannot be
+    written leaves the attempt as it is (explain says less about it).
+    """
+
+    def __init__(self, store: Store, request: ClaimRequest, slot: datetime) -> None:
+        self.store = store
+        self.request = request
+        self.slot = slot
+        self.id: int | None = None
+        self.claimed_at: datetime | None = None
+
+    @property
+    def recordable(self) -> bool:
+        """Whether this attempt's start can be recorded while it runs (and so cancelled)."""
+        return self.store.has_control and self.store.dialect.slot_locks
+
+    async def start(self) -> None:
+        """Record the attempt's start (once, where the database allows it meanwhile)."""
+        if self.id is not None or not self.recordable:
+            return
+        with contextlib.suppress(OncelyError):
+            r = self.request
+            self.id = await self.store.control.start_attempt(r.job, r.key, self.slot, r.claimed_by)
+
+    async def claimed(self, job: Job) -> None:
+        self.claimed_at = clock.utcnow()
+        if not job.is_async:
+            await self.start()
+
+    async def ended(self, outcome: Outcome) -> None:
+        status = outcome.status
+        r = self.request
+        with contextlib.suppress(OncelyError):
+            if status is RunStatus.OVERLAP:
+                if self.id is not None:
+                    await self.store.control.forget_attempt(self.id)
+                await self.store.control.note(r.job, r.key, self.slot, "overlap", r.claimed_by)
+            elif status in _NOT_RUN:
+                if self.id is not None:
+                    await self.store.control.forget_attempt(self.id)
+            elif self.id is not None:
+                await self.store.control.end_attempt(self.id, status.value, outcome.error)
+            elif status is not RunStatus.RAN:
+                await self.store.control.ended_attempt(
+                    r.job,
+                    r.key,
+                    self.slot,
+                    r.claimed_by,
+                    status.value,
+                    outcome.error,
+                    started_at=self.claimed_at,
+                )
+
+
+_NOT_RUN = (RunStatus.BUSY, RunStatus.SKIPPED, RunStatus.PAUSED)
+
+
+def paused(
+    job: Job, slot: datetime, key: str, pause: Pause, fields: Mapping[str, Any]
+) -> RunResult:
+    """The result (and the one event) of a slot not started because its job is paused."""
+    outcome = Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
+    report("run", outcome, 0.0, fields)
+    return RunResult(
+        job=job.name, key=key, slot=slot, status=RunStatus.PAUSED, duration=0.0, pause=pause
+    )
 
 
 async def run_slot(
@@ -272,10 +533,13 @@ async def run_slot(
     *,
     busy_ms: int = 200,
     context: Mapping[str, Any] | None = None,
+    check_pause: bool = False,
 ) -> RunResult:
     """Run one slot of a job once, if nobody has; never raises for the job's own errors.
 
     `context` adds fields to every event of this attempt (the worker adds `latency_ms`).
+    With `check_pause`, a paused job's slot is not started (`paused`): `oncely run` asks,
+    the worker reads the pauses once per scheduling step instead.
     """
     started = time.perf_counter()
     fields: dict[str, Any] = {
@@ -295,9 +559,14 @@ async def run_slot(
         busy_ms=busy_ms,
         exclusive=job.overlap == "skip",
     )
-    outcome = await attempt_slot(store, job, slot, request)
+    outcome = await attempt_slot(store, job, slot, request, check_pause=check_pause)
     duration = time.perf_counter() - started
     report("run", outcome, duration, fields)
+    claimed_by = None
+    if outcome.status is RunStatus.RAN:
+        claimed_by = replica
+    elif outcome.claim is not None:
+        claimed_by = outcome.claim.claimed_by
     return RunResult(
         job=job.name,
         key=key,
@@ -306,4 +575,6 @@ async def run_slot(
         duration=duration,
         claim=outcome.claim,
         error=outcome.error,
+        claimed_by=claimed_by,
+        pause=outcome.pause,
     )

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from . import clock, config, events, queue
 from .errors import ConfigError, DatabaseUnavailableError, OncelyError
 from .identity import replica_id
-from .model import RunStatus
+from .model import Pause, RunStatus
 from .registry import Job
-from .runner import run_slot
+from .runner import paused, run_slot
 from .scheduler import Missed, OverlapSkipped, Run, Scheduler
 from .work.tasks import TaskWorker
 
@@ -89,6 +89,8 @@ class JobWorker:
         self.scheduler = Scheduler(self.jobs, now())
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._notes: set[asyncio.Task[None]] = set()
+        """Records of slots not started (overlap, missed), written beside the loop."""
         self._outage: _Outage | None = None
         self._rng = random.Random()
         self.waited_for = 0
@@ -189,20 +191,77 @@ class JobWorker:
         if unsynced:
             try:
                 last = await self.store.last_slots()
+                resumed = await self.store.control.last_resumes()
             except OncelyError as exc:  # unreachable, or a statement failed: back off, retry
                 self._unavailable(exc)
                 return
             self._available()
             for name in unsynced:
-                self.scheduler.sync(name, last.get(name))
+                self.scheduler.sync(name, _latest(last.get(name), resumed.get(name)))
             now = self.now()
-        for action in self.scheduler.due(now):
+        actions = self.scheduler.due(now)
+        runs = [a for a in actions if isinstance(a, Run)]
+        pauses = await self._pauses(runs, now) if runs else {}
+        for action in actions:
             if isinstance(action, Run):
-                self._start(action)
+                pause = pauses.get(action.job.name)
+                if pause is None:
+                    self._start(action)
+                else:
+                    self._paused(action, pause, now)
             elif isinstance(action, Missed):
                 _emit_missed(action, self.replica)
+                self._note(action.job, None, action.first, "missed", action.last, action.reason)
             elif isinstance(action, OverlapSkipped):
                 _emit_overlap(action, self.replica)
+                key = action.job.key_for(action.slot)
+                self._note(action.job, key, action.slot, "overlap")
+
+    async def _pauses(self, runs: list[Run], now: datetime) -> dict[str, Pause]:
+        """The pauses in force, read once per step in which slots come due; if they cannot
+        be read, the due slots are retried later (as after an outage)."""
+        try:
+            found = await self.store.control.pauses()
+        except OncelyError as exc:
+            self._unavailable(exc)
+            for run in runs:
+                for slot in run.slots:
+                    self.scheduler.finished(run.job, slot, None, now)
+            return {run.job.name: _UNREAD for run in runs}
+        return found
+
+    def _paused(self, run: Run, pause: Pause, now: datetime) -> None:
+        """Settle the slots of a paused job without starting them (they are not caught up on
+        resume); an unread pause (the database failed) leaves them to be retried."""
+        if pause is _UNREAD:
+            return
+        for slot in run.slots:
+            self.scheduler.finished(run.job, slot, RunStatus.PAUSED, now)
+            fields = {"job": run.job.name, "key": run.job.key_for(slot), "slot": slot.isoformat()}
+            with events.routine():
+                paused(run.job, slot, fields["key"], pause, {**fields, "replica": self.replica})
+
+    def _note(
+        self,
+        job: Job,
+        key: str | None,
+        slot: datetime,
+        outcome: str,
+        last: datetime | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record a slot not started, beside the loop (on SQLite the write may wait for the
+        running attempt's write lock); best effort."""
+
+        async def write() -> None:
+            with contextlib.suppress(OncelyError):
+                await self.store.control.note(
+                    job.name, key, slot, outcome, self.replica, slot_last=last, reason=reason
+                )
+
+        task = asyncio.create_task(write())
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
 
     async def _sleep(self) -> None:
         delay = MAX_SLEEP
@@ -322,6 +381,17 @@ class JobWorker:
             if pending:
                 await asyncio.wait(pending, timeout=self.shutdown_timeout)
         self.waited_for, self.cancelled = len(running), cancelled
+        if self._notes:
+            await asyncio.wait(set(self._notes), timeout=self.shutdown_timeout)
+
+
+def _latest(*times: datetime | None) -> datetime | None:
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+_UNREAD = Pause(job="", paused_at=datetime.min, paused_by="", reason=None)
+"""Stands for "the pauses could not be read" (the due slots are retried later)."""
 
 
 def _emit_missed(missed: Missed, replica: str) -> None:

@@ -1,7 +1,10 @@
 """What one `app.run` sends to Postgres: a count, not a time, so it can guard the cost.
 
-A steady-state attempt is three messages on the wire, each one round trip: BEGIN, the
-lock-and-claim CTE, and the finish UPDATE sent with the COMMIT. A per-checkout ping
+A steady-state attempt is four messages on the wire, each one round trip: BEGIN, the
+lock-and-claim CTE, the read of the job's pause (in the same transaction: `app.run` and
+`oncely run` honour `oncely pause`; a worker reads pauses once per scheduling step instead,
+and its attempts are three), and the finish UPDATE sent with the COMMIT. A quick attempt that
+succeeds writes no attempt record (its claim is its record). A per-checkout ping
 (pool_pre_ping) once made it seven, and the finish UPDATE on its own four; a statement added
 to the attempt shows up here before it shows up in a benchmark.
 """
@@ -18,7 +21,7 @@ SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.mark.postgres
-async def test_app_run_is_three_round_trips(
+async def test_app_run_is_four_round_trips(
     postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.conftest import _reset_postgres, wire_messages
@@ -39,7 +42,7 @@ async def test_app_run_is_three_round_trips(
                 result = await app.run("noop", now=SLOT + timedelta(seconds=second))
                 assert result.status is RunStatus.RAN
                 # Q = simple query (BEGIN; the finish with COMMIT), B = bind+execute of a
-                # prepared statement (lock-and-claim)
-                assert sent == [b"Q", b"B", b"Q"]
+                # prepared statement (lock-and-claim, the pause)
+                assert sent == [b"Q", b"B", b"B", b"Q"]
     finally:
         await app.aclose()

@@ -68,7 +68,15 @@ def test_list_history_and_release(env: dict[str, str]) -> None:
     never = next(j for j in listed if j["name"] == "close_then_fail")
     assert never["last_run"] is None
     table = run_cli("list", cwd=ROOT, env=env).stdout
-    assert table.splitlines()[0].split() == ["NAME", "SCHEDULE", "ZONE", "NEXT", "LAST", "RUN"]
+    assert table.splitlines()[0].split() == [
+        "NAME",
+        "SCHEDULE",
+        "ZONE",
+        "NEXT",
+        "LAST",
+        "RUN",
+        "STATE",
+    ]
 
     history = json.loads(
         run_cli("history", "leaderboard_close", "--json", cwd=ROOT, env=env).stdout

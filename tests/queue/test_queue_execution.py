@@ -471,4 +471,5 @@ async def test_the_operators_task_functions_are_the_apps_methods(app: Oncely) ->
     assert (await app.retry_task(rec.id)).state is TaskState.AVAILABLE
     assert (await app.discard_task(other.id)).state is TaskState.DISCARDED
     assert [r.id for r in await app.list_tasks(task="fragile", limit=1)] == [other.id]
-    assert await app.prune(timedelta(days=30)) == (0, 0)  # nothing that old
+    pruned = await app.prune(timedelta(days=30))
+    assert set(pruned.values()) == {0}  # nothing that old

@@ -24,6 +24,17 @@ def engine_for(db_url: str) -> sa.Engine:
     return sa.create_engine(parsed.set(drivername="sqlite"))
 
 
+TABLES = (
+    "oncely_runs",
+    "oncely_tasks",
+    "oncely_schema",
+    "oncely_attempts",
+    "oncely_pauses",
+    "oncely_audit",
+    "oncely_task_cancels",
+)
+
+
 def snapshot(db_url: str) -> dict[str, list[Any]]:
     """Every row of oncely's tables (those that exist), to check that nothing changed."""
     engine = engine_for(db_url)
@@ -37,7 +48,7 @@ def snapshot(db_url: str) -> dict[str, list[Any]]:
                         for row in conn.exec_driver_sql(f"SELECT * FROM {table}")
                     ),
                 )
-                for table in ("oncely_runs", "oncely_tasks", "oncely_schema")
+                for table in TABLES
                 if table in names
             }
     finally:

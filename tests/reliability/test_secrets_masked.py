@@ -33,6 +33,12 @@ COMMANDS = {
     "enqueue": ["note"],
     "tasks": [],
     "prune": ["--older-than", "1d"],
+    "pause": ["minutely", "--reason", "r"],
+    "resume": ["minutely"],
+    "backfill": ["minutely", "--from", "2026-12-01T10:00:00Z", "--to", "2026-12-01T10:05:00Z"],
+    "explain": ["minutely", "--json"],
+    "cancel": ["minutely"],
+    "audit": ["--json"],
 }
 
 

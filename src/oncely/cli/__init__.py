@@ -27,7 +27,7 @@ from .. import clock, events, logs
 from ..app import Oncely
 from ..errors import BadInputError, OncelyError
 from ..masking import mask_secrets
-from ..model import Claim, RunResult, RunStatus
+from ..model import Claim, Pause, RunResult, RunStatus
 from . import render
 from .loading import load_app
 
@@ -268,10 +268,16 @@ async def _refuse_future(app: Oncely, job: str, at: datetime, option: str, allow
     help="If the slot is busy, wait up to this long (e.g. 300, 90s, 5m) for the holder's "
     "outcome and exit with it: 0 ran elsewhere, 1 failed elsewhere or still busy.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON document.")
 @click.pass_obj
 @handled
-def run(obj: Context, job: str, now: str | None, allow_future: bool, wait: str | None) -> None:
-    """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes)."""
+def run(
+    obj: Context, job: str, now: str | None, allow_future: bool, wait: str | None, as_json: bool
+) -> None:
+    """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes).
+
+    A paused job is not run (exit 0: a scheduler must not retry it).
+    """
     at = parse_time(now, "--now")
     patience = parse_wait(wait)
     known_job(obj.app, job)  # unknown job: exit 2 before touching the database
@@ -282,12 +288,15 @@ def run(obj: Context, job: str, now: str | None, allow_future: bool, wait: str |
         return await app.attempt(job, at)
 
     result = obj.call(go)
+    if as_json:
+        click.echo(render.dumps(render.run_dict(result)))
     if result.status is RunStatus.UNKNOWN:
-        click.echo(render.run_line(result), err=True)
+        if not as_json:
+            click.echo(render.run_line(result), err=True)
         sys.exit(EXIT_UNKNOWN)
     if patience is not None and result.status is RunStatus.BUSY:
         wait_for_holder(obj, result, patience)
-    if result.status is RunStatus.FAILED:
+    if result.status in (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED):
         err = result.error
         if err is not None:
             if logs.is_json():
@@ -295,9 +304,11 @@ def run(obj: Context, job: str, now: str | None, allow_future: bool, wait: str |
             else:
                 text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
                 click.echo(mask_secrets(text.rstrip("\n")), err=True)
-        click.echo(render.run_line(result), err=True)
+        if not as_json:
+            click.echo(render.run_line(result), err=True)
         sys.exit(EXIT_JOB_FAILED)
-    click.echo(render.run_line(result))
+    if not as_json:
+        click.echo(render.run_line(result))
 
 
 def parse_wait(value: str | None) -> float | None:
@@ -360,13 +371,19 @@ def list_jobs(obj: Context, as_json: bool) -> None:
     """List the jobs (schedule, zone, next slot, last run) and the tasks (queue, retry, counts)."""
     app = obj.app
 
-    async def read(a: Oncely) -> tuple[dict[str, Claim], dict[str, dict[str, int]]]:
+    async def read(
+        a: Oncely,
+    ) -> tuple[dict[str, Claim], dict[str, dict[str, int]], dict[str, Pause]]:
         last = await a.last_runs() if len(a.registry) else {}
         counts = await a.store.tasks.count_by_task() if len(a.tasks) else {}
-        return last, counts
+        pauses = await a.pauses() if len(a.registry) else {}
+        return last, counts, pauses
 
-    last, counts = obj.call(read)
-    jobs = [(job, app.next_slots(job.name), last.get(job.name)) for job in app.registry]
+    last, counts, pauses = obj.call(read)
+    jobs = [
+        (job, app.next_slots(job.name), last.get(job.name), pauses.get(job.name))
+        for job in app.registry
+    ]
     tasks = [(task, counts.get(task.name, {})) for task in app.tasks]
     if as_json:
         click.echo(
@@ -376,7 +393,7 @@ def list_jobs(obj: Context, as_json: bool) -> None:
             )
         )
         return
-    headers = ["NAME", "SCHEDULE", "ZONE", "NEXT", "LAST RUN"]
+    headers = ["NAME", "SCHEDULE", "ZONE", "NEXT", "LAST RUN", "STATE"]
     click.echo(render.table(headers, [render.job_row(*entry) for entry in jobs]))
     if tasks:
         click.echo()
@@ -454,18 +471,37 @@ def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
 @cli.command()
 @click.argument("job")
 @click.argument("key")
+@click.option("--force", is_flag=True, help="Release even while an attempt holds the slot.")
+@click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
+@click.option(
+    "--actor", metavar="NAME", help="Who does this, for the audit trail (default: user@host)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @handled
-def release(obj: Context, job: str, key: str) -> None:
-    """Delete the claim of one slot so that it can run again."""
+def release(
+    obj: Context,
+    job: str,
+    key: str,
+    force: bool,
+    reason: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Delete the claim of one slot so that it can run again (refused while it runs)."""
     text_arg(job, "job")
     text_arg(key, "key")
-    claim = obj.call(lambda app: app.release(job, key))
+    text_arg(reason, "--reason")
+    text_arg(actor, "--actor")
+    claim = obj.call(lambda app: app.release(job, key, force=force, actor=actor, reason=reason))
     if claim is None:
         fail(
             f"no claim for job {job!r} key {key!r}: nothing released "
             "(see `oncely history` for the keys)"
         )
+        return
+    if as_json:
+        click.echo(render.dumps({"status": "released", **render.claim_dict(claim)}))
         return
     click.echo(
         f"released {job} key {key} (was claimed by {claim.claimed_by} "
@@ -513,6 +549,11 @@ from .export import export_group  # noqa: E402
 
 cli.add_command(demo)
 cli.add_command(export_group)
+
+from .operate import audit, backfill, cancel, explain, pause, resume  # noqa: E402
+
+for _command in (pause, resume, backfill, explain, cancel, audit):
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -7,7 +7,18 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..model import Claim, RunResult, RunStatus, TaskRecord, TaskState
+from ..model import (
+    Attempt,
+    AuditEntry,
+    Claim,
+    Explanation,
+    Pause,
+    PlannedSlot,
+    RunResult,
+    RunStatus,
+    TaskRecord,
+    TaskState,
+)
 from ..registry import Job
 from ..retry import RetryPolicy
 from ..tasks import Task
@@ -40,6 +51,8 @@ def run_line(result: RunResult) -> str:
         return f"{head}: another process is running this slot"
     if result.status is RunStatus.OVERLAP:
         return f"{head}: another slot of this job is still running (overlap=skip)"
+    if result.status is RunStatus.PAUSED:
+        return paused_line(result)
     error = result.error
     if result.status is RunStatus.UNKNOWN:
         return (
@@ -95,7 +108,9 @@ def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def job_dict(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> dict[str, Any]:
+def job_dict(
+    job: Job, upcoming: Sequence[datetime], last: Claim | None, pause: Pause | None = None
+) -> dict[str, Any]:
     """A job for `oncely list --json`."""
     return {
         "kind": "job",
@@ -104,10 +119,13 @@ def job_dict(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> dict
         "zone": str(job.schedule.zone),
         "next": iso(upcoming[0]) if upcoming else None,
         "last_run": claim_dict(last, job) if last else None,
+        "paused": pause_dict(pause) if pause is not None else None,
     }
 
 
-def job_row(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> list[str]:
+def job_row(
+    job: Job, upcoming: Sequence[datetime], last: Claim | None, pause: Pause | None = None
+) -> list[str]:
     """A row of `oncely list`: the times in the job's own zone."""
     if last is None:
         last_run = "never"
@@ -121,6 +139,7 @@ def job_row(job: Job, upcoming: Sequence[datetime], last: Claim | None) -> list[
         str(job.schedule.zone),
         iso(upcoming[0]) if upcoming else "-",
         last_run,
+        f"paused {pause_text(pause)}" if pause is not None else "active",
     ]
 
 
@@ -229,3 +248,139 @@ def task_def_dict(task: Task, counts: Mapping[str, int]) -> dict[str, Any]:
 def task_def_row(task: Task, counts: Mapping[str, int]) -> list[str]:
     """A task's row of `oncely list`."""
     return [task.name, task.queue, retry_text(task.retry), state_counts(counts)]
+
+
+# -- the control plane ----------------------------------------------------------------------
+
+
+def run_dict(result: RunResult) -> dict[str, Any]:
+    """`oncely run --json`: one attempt's outcome as JSON-ready data."""
+    error = result.error
+    pause = result.pause
+    return {
+        "status": result.status.value,
+        "job": result.job,
+        "key": result.key,
+        "slot": iso(result.slot) if result.slot else None,
+        "duration_ms": round(result.duration * 1000, 1),
+        "claimed_by": result.claimed_by,
+        "claimed_at": result.claim.claimed_at.isoformat() if result.claim else None,
+        "error": f"{type(error).__name__}: {error}" if error is not None else None,
+        "paused": pause_dict(pause) if pause is not None else None,
+    }
+
+
+def pause_dict(pause: Pause) -> dict[str, Any]:
+    """A pause as JSON-ready data."""
+    return {
+        "job": pause.job,
+        "paused_at": pause.paused_at.isoformat(),
+        "paused_by": pause.paused_by,
+        "reason": pause.reason,
+        "resumed_at": pause.resumed_at.isoformat() if pause.resumed_at else None,
+        "resumed_by": pause.resumed_by,
+    }
+
+
+def pause_text(pause: Pause) -> str:
+    """`by ACTOR at TIME: REASON` (the reason left out when none was given)."""
+    why = f": {pause.reason}" if pause.reason else ""
+    return f"by {pause.paused_by} at {iso(pause.paused_at)}{why}"
+
+
+def paused_line(result: RunResult) -> str:
+    """The line `oncely run` prints for a paused job."""
+    assert result.pause is not None
+    return f"paused {result.job} slot {iso(result.slot)} ({pause_text(result.pause)})"
+
+
+def planned_dict(p: PlannedSlot) -> dict[str, Any]:
+    """One slot of a backfill plan as JSON-ready data."""
+    return {
+        "slot": iso(p.slot),
+        "key": p.key,
+        "action": p.action,
+        "claimed_by": p.claim.claimed_by if p.claim else None,
+        "claimed_at": p.claim.claimed_at.isoformat() if p.claim else None,
+        "running_by": p.running.replica if p.running else None,
+        "running_since": iso(p.running.started_at) if p.running else None,
+    }
+
+
+def planned_row(p: PlannedSlot) -> list[str]:
+    """A row of a backfill plan: slot, key, what --apply would do."""
+    what = p.action
+    if p.claim is not None:
+        what = f"already ran by {p.claim.claimed_by} at {iso(p.claim.claimed_at)}"
+    elif p.running is not None:
+        what = f"running now by {p.running.replica} since {iso(p.running.started_at)}"
+    return [iso(p.slot), p.key, what]
+
+
+def attempt_dict(a: Attempt) -> dict[str, Any]:
+    """An attempt record as JSON-ready data."""
+    return {
+        "id": a.id,
+        "outcome": a.outcome or ("running" if a.alive else "died"),
+        "replica": a.replica,
+        "started_at": a.started_at.isoformat() if a.started_at else None,
+        "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+        "error_class": a.error_class,
+        "error": a.error,
+        "cancel_requested_by": a.cancel_requested_by,
+    }
+
+
+def explanation_dict(e: Explanation) -> dict[str, Any]:
+    """`oncely explain --json`."""
+    fields = {k: v for k, v in e.fields.items() if k != "attempts"}
+    return {
+        "job": e.job,
+        "key": e.key,
+        "slot": iso(e.slot),
+        "answer": e.answer,
+        "sentence": e.sentence,
+        "fields": fields,
+        "attempts": [attempt_dict(a) for a in e.attempts],
+    }
+
+
+def explanation_lines(e: Explanation) -> list[str]:
+    """`oncely explain`: the sentence, the fields, then one line per attempt."""
+    lines = [e.sentence, f"  answer: {e.answer}", f"  key: {e.key}"]
+    for name, value in e.fields.items():
+        if name != "attempts" and value is not None:
+            lines.append(f"  {name}: {value}")
+    for a in e.attempts:
+        d = attempt_dict(a)
+        error = f" {d['error_class']}: {d['error']}" if d["error_class"] else ""
+        lines.append(
+            f"  attempt {a.id}: {d['outcome']} by {a.replica} at {iso(a.started_at)}{error}"
+        )
+    return lines
+
+
+def audit_dict(entry: AuditEntry) -> dict[str, Any]:
+    """An audit row as JSON-ready data."""
+    return {
+        "id": entry.id,
+        "at": entry.at.isoformat(),
+        "actor": entry.actor,
+        "action": entry.action,
+        "job": entry.job,
+        "target": entry.target,
+        "reason": entry.reason,
+        "result": entry.result,
+    }
+
+
+def audit_row(entry: AuditEntry) -> list[str]:
+    """A row of `oncely audit`."""
+    return [
+        iso(entry.at),
+        entry.actor,
+        entry.action,
+        entry.target,
+        entry.result,
+        entry.reason or "-",
+    ]

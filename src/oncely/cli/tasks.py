@@ -139,13 +139,22 @@ def _list(
             )
 
 
+_ACTOR = "Who does this, for the audit trail (default: user@host)."
+
+
 @tasks.command("retry")
 @click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--actor", metavar="NAME", help=_ACTOR)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @handled
-def retry_cmd(obj: Context, task_id: int) -> None:
+def retry_cmd(obj: Context, task_id: int, actor: str | None, as_json: bool) -> None:
     """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
-    rec = obj.call(lambda app: queue.retry_task(app, task_id))
+    text_arg(actor, "--actor")
+    rec = obj.call(lambda app: app.retry_task(task_id, actor=actor))
+    if as_json:
+        click.echo(render.dumps(render.task_dict(rec)))
+        return
     click.echo(f"retrying {rec.task} id {rec.id}: available now")
 
 
@@ -162,22 +171,76 @@ def show_cmd(obj: Context, task_id: int, as_json: bool) -> None:
 
 @tasks.command("discard")
 @click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--actor", metavar="NAME", help=_ACTOR)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @handled
-def discard_cmd(obj: Context, task_id: int) -> None:
+def discard_cmd(obj: Context, task_id: int, actor: str | None, as_json: bool) -> None:
     """Discard a task that has not succeeded (a running attempt of it rolls back)."""
-    rec = obj.call(lambda app: queue.discard_task(app, task_id))
+    text_arg(actor, "--actor")
+    rec = obj.call(lambda app: app.discard_task(task_id, actor=actor))
+    if as_json:
+        click.echo(render.dumps(render.task_dict(rec)))
+        return
     click.echo(f"discarded {rec.task} id {rec.id}")
+
+
+@tasks.command("cancel")
+@click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
+@click.option("--actor", metavar="NAME", help=_ACTOR)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def cancel_cmd(
+    obj: Context, task_id: int, reason: str | None, actor: str | None, as_json: bool
+) -> None:
+    """Cancel a task: one not running is discarded at once; a running one is asked to stop
+    (its worker rolls it back and does not retry it)."""
+    text_arg(actor, "--actor")
+    text_arg(reason, "--reason")
+    status, rec = obj.call(lambda app: app.cancel_task(task_id, actor=actor, reason=reason))
+    if as_json:
+        task = render.task_dict(rec) if rec is not None else None
+        click.echo(render.dumps({"id": task_id, "status": status, "task": task}))
+        return
+    if rec is not None:
+        click.echo(f"discarded {rec.task} id {rec.id}: it had not started")
+    else:
+        click.echo(f"cancel requested for task {task_id}: it is running; its worker stops it")
+
+
+@tasks.command("explain")
+@click.argument("task_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def explain_cmd(obj: Context, task_id: int, as_json: bool) -> None:
+    """Say where a task is and why, from its recorded state, attempts and last error."""
+    rec, answer, sentence = obj.call(lambda app: app.explain_task(task_id))
+    if as_json:
+        data = {"answer": answer, "sentence": sentence, "task": render.task_dict(rec)}
+        click.echo(render.dumps(data))
+        return
+    click.echo(sentence)
+    click.echo(f"  answer: {answer}")
+    for name, value in render.task_dict(rec).items():
+        if value is not None and name != "error":
+            click.echo(f"  {name}: {value}")
+    if rec.error:
+        click.echo("  error: " + rec.error.split("\n", 1)[0])
 
 
 @click.command()
 @click.option(
     "--older-than", required=True, metavar="DURATION", help="Age to keep, e.g. 30d (min 1h)."
 )
+@click.option("--actor", metavar="NAME", help=_ACTOR)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @handled
-def prune(obj: Context, older_than: str) -> None:
-    """Delete finished tasks and slot claims older than --older-than.
+def prune(obj: Context, older_than: str, actor: str | None, as_json: bool) -> None:
+    """Delete finished tasks, slot claims and attempt records older than --older-than.
 
     Claims stop slots from running twice: keep them longer than any job's catch-up window
     plus its retry horizon, or an old slot could run again.
@@ -187,7 +250,12 @@ def prune(obj: Context, older_than: str) -> None:
         raise BadInputError(
             f"--older-than {older_than!r} is under 1h: claims that young still guard slots"
         )
-    pruned_tasks, pruned_claims = obj.call(lambda app: queue.prune(app, age))
+    text_arg(actor, "--actor")
+    counts = obj.call(lambda app: app.prune(age, actor=actor))
+    if as_json:
+        click.echo(render.dumps(counts))
+        return
     click.echo(
-        f"pruned {pruned_tasks} finished tasks and {pruned_claims} claims older than {older_than}"
+        f"pruned {counts['tasks']} finished tasks and {counts['claims']} claims older than "
+        f"{older_than} (and {counts['attempts']} attempt records)"
     )

@@ -234,6 +234,32 @@ class Dialect(abc.ABC):
         (as an attempt does); False if an attempt at it is running right now."""
         return True
 
+    def record_options(self) -> dict[str, Any]:
+        """Execution options for the short writes of attempt records (Postgres: autocommit,
+        one round trip each, no transaction of their own)."""
+        return {}
+
+    slot_locks = False
+    """Whether `slot_held` sees a running attempt's lock (Postgres' advisory locks); else a
+    running attempt is known by its record alone."""
+
+    async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        """Whether an attempt holds the slot's lock right now, read without taking it (a
+        probe that took it would make a concurrent attempt at the slot answer busy)."""
+        return False
+
+    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
+        """In the open transaction: wake the process running this attempt once it commits
+        (a cancel request); without notifications it finds the request by polling."""
+        return None
+
+    def cancel_listener(
+        self, engine: AsyncEngine, on_notify: Callable[[int], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify(attempt_id)` for each cancel request, while the context is open;
+        yields whether notifications work (else the runner polls alone)."""
+        return contextlib.nullcontext(False)
+
     def is_read_only(self, exc: BaseException) -> bool:
         """Whether a driver error means the database refuses every write (not an outage)."""
         return False

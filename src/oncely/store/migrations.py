@@ -10,7 +10,17 @@ from sqlalchemy.engine import Connection
 
 from . import sql
 from .dialects import dialect_for
-from .tables import runs, schema_versions, task_starts, tasks, workers
+from .tables import (
+    attempts,
+    audit,
+    pauses,
+    runs,
+    schema_versions,
+    task_cancels,
+    task_starts,
+    tasks,
+    workers,
+)
 
 
 def _v1_runs(conn: Connection) -> None:
@@ -75,6 +85,13 @@ def _v5_workers(conn: Connection) -> None:
     workers.create(conn, checkfirst=True)
 
 
+def _v6_control(conn: Connection) -> None:
+    # New tables only: this oncely runs on v4 and v5 without its
+    # control plane (`Store.has_control`), so every process can be upgraded before migrating.
+    for table in (attempts, pauses, audit, task_cancels):
+        table.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -83,10 +100,16 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (3, "oncely_tasks: partial indexes for keyed and finished tasks", _v3_lean_indexes),
     (4, "oncely_tasks: priorities, concurrency and rate limits, results", _v4_limits),
     (5, "oncely_workers: live task workers and the task names they lease", _v5_workers),
+    (6, "the control plane: attempts, pauses, the audit trail, task cancel requests", _v6_control),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
 LATEST = MIGRATIONS[-1][0]
+
+CONTROL = 6
+"""The schema version that holds the control plane's tables (pause, attempts, audit, cancel):
+on an older database the worker and `oncely run` work as before, without pauses or attempt
+records, and the operator's commands ask for `oncely migrate`."""
 
 REQUIRED = 4
 """The oldest schema this oncely runs on. v4 adds the columns that this oncely's enqueue and

@@ -26,17 +26,24 @@ CHECK_PAUSE_S = 0.2
 async def _read_back(store: Store, stmt: Any) -> tuple[bool, Any]:
     """(True, the first row of `stmt` or None) read on a fresh connection; (False, None) if
     the database could not be read in CHECK_TRIES tries."""
-    for attempt in range(CHECK_TRIES):
-        if attempt:
-            await asyncio.sleep(CHECK_PAUSE_S)
-        try:
-            async with store.engine.connect() as conn:
-                row = (await conn.execute(stmt)).first()
-                await conn.rollback()
-            return True, row
-        except Exception as exc:  # any failure to read back means "unknown"
-            logging.getLogger("oncely").debug("reading back a lost COMMIT failed: %s", exc)
-    return False, None
+    # Not a pooled connection: one opened before the loss (an attempt record's) may read
+    # before the server has finished the lost COMMIT, and report a landed claim as missing.
+    engine = store.dedicated_engine()
+    try:
+        for attempt in range(CHECK_TRIES):
+            if attempt:
+                await asyncio.sleep(CHECK_PAUSE_S)
+            try:
+                async with engine.connect() as conn:
+                    row = (await conn.execute(stmt)).first()
+                    await conn.rollback()
+                return True, row
+            except Exception as exc:  # any failure to read back means "unknown"
+                logging.getLogger("oncely").debug("reading back a lost COMMIT failed: %s", exc)
+        return False, None
+    finally:
+        if engine is not store.engine:
+            await engine.dispose()
 
 
 async def claim_landed(store: Store, job: str, key: str, claimed_by: str) -> bool | None:

@@ -452,6 +452,28 @@ class PostgresDialect(Dialect):
     def is_missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
+    slot_locks = True
+
+    def record_options(self) -> dict[str, Any]:
+        return {"isolation_level": "AUTOCOMMIT"}
+
+    async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        hi, lo = slot_lock_key(job, key)
+        # The two-int form's lock shows in pg_locks as classid, objid (unsigned) and objsubid 2.
+        row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
+        return row.first() is not None
+
+    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
+        await conn.execute(
+            sa.text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": CANCEL_CHANNEL, "payload": str(attempt_id)},
+        )
+
+    def cancel_listener(
+        self, engine: AsyncEngine, on_notify: Callable[[int], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        return _listen_cancels(engine, on_notify)
+
     async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
         hi, lo = slot_lock_key(job, key)
         got = await conn.execute(
@@ -548,6 +570,49 @@ async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIt
         if driver is not None:
             with contextlib.suppress(Exception):
                 await driver.remove_listener(TASKS_CHANNEL, callback)
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
+SLOT_HELD = sa.text(
+    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+    " AND classid::bigint = :hi AND objid::bigint = :lo AND database = ("
+    "SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+"""Whether some session holds a slot's advisory lock (read from pg_locks, not taken)."""
+
+CANCEL_CHANNEL = "oncely_cancel"
+"""The channel a cancel request wakes the process running the attempt on (payload: its id)."""
+
+
+@contextlib.asynccontextmanager
+async def _listen_cancels(
+    engine: AsyncEngine, on_notify: Callable[[int], None]
+) -> AsyncIterator[bool]:
+    """LISTEN for cancel requests on a connection of its own; yield False if not possible."""
+
+    def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
+        with contextlib.suppress(ValueError):
+            on_notify(int(payload))
+
+    try:
+        conn = await engine.connect()
+    except Exception:  # the runner still polls
+        yield False
+        return
+    driver: Any = None
+    try:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        await driver.add_listener(CANCEL_CHANNEL, callback)
+    except Exception:
+        driver = None
+    try:
+        yield driver is not None
+    finally:
+        if driver is not None:
+            with contextlib.suppress(Exception):
+                await driver.remove_listener(CANCEL_CHANNEL, callback)
         with contextlib.suppress(Exception):
             await conn.close()
 

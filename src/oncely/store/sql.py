@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.dml import Insert
 
-from .tables import UTCDateTime, runs, schema_versions
+from .tables import UTCDateTime, attempts, audit, pauses, runs, schema_versions, task_cancels, tasks
 
 NOW = sa.bindparam("now", type_=UTCDateTime())
 """Database time as a bound value, for a database with no clock of its own (SQLite)."""
@@ -93,6 +93,11 @@ def release(job: str, key: str) -> Any:
     return sa.delete(runs).where(runs.c.job == job, runs.c.key == key).returning(*runs.c)
 
 
+def claims_of(job: str, keys: list[str]) -> sa.Select[Any]:
+    """The claims of some slots of one job."""
+    return sa.select(runs).where(runs.c.job == job, runs.c.key.in_(keys))
+
+
 def claim_count(job: str) -> sa.Select[Any]:
     """How many claims a job has."""
     return sa.select(sa.func.count()).select_from(runs).where(runs.c.job == job)
@@ -117,3 +122,174 @@ def schema_version() -> sa.Select[Any]:
 def record_version(version: int, now: Any) -> sa.Insert:
     """Mark one migration as applied."""
     return sa.insert(schema_versions).values(version=version, applied_at=now)
+
+
+# -- the control plane: attempts, pauses, the audit trail, cancel requests ----------------
+
+
+def record_attempt(values: dict[str, Any]) -> Any:
+    """Record an attempt (or an overlap skip, a missed range) outside the job's transaction."""
+    return sa.insert(attempts).values(**values).returning(attempts.c.id)
+
+
+def end_attempt(attempt_id: int, values: dict[str, Any]) -> sa.Update:
+    """Record what a running attempt came to (once: its outcome is still empty)."""
+    return (
+        sa.update(attempts)
+        .where(attempts.c.id == attempt_id, attempts.c.outcome.is_(None))
+        .values(**values)
+    )
+
+
+def forget_attempt(attempt_id: int) -> sa.Delete:
+    """Delete an attempt recorded before its claim that did not claim (busy, ran before)."""
+    return sa.delete(attempts).where(attempts.c.id == attempt_id)
+
+
+def slot_attempts(job: str, key: str, slot: Any) -> sa.Select[Any]:
+    """The records of one slot, oldest first: its attempts and the missed ranges it is in."""
+    in_range = sa.and_(
+        attempts.c.outcome == "missed", attempts.c.slot <= slot, attempts.c.slot_last >= slot
+    )
+    return (
+        sa.select(attempts)
+        .where(attempts.c.job == job, sa.or_(attempts.c.key == key, in_range))
+        .order_by(attempts.c.id)
+    )
+
+
+def running_attempts(job: str, key: str | None) -> sa.Select[Any]:
+    """Attempts of a job (at one slot) with no outcome yet: running, or their process died."""
+    stmt = sa.select(attempts).where(
+        attempts.c.job == job, attempts.c.outcome.is_(None), attempts.c.started_at.is_not(None)
+    )
+    if key is not None:
+        stmt = stmt.where(attempts.c.key == key)
+    return stmt.order_by(attempts.c.id)
+
+
+def request_cancel(attempt_id: int, now: Any, actor: str) -> sa.Update:
+    """Ask a running attempt to stop; it reads the request while it runs."""
+    return (
+        sa.update(attempts)
+        .where(attempts.c.id == attempt_id, attempts.c.outcome.is_(None))
+        .values(cancel_requested_at=now, cancel_requested_by=actor)
+    )
+
+
+def cancel_request(attempt_id: int) -> sa.Select[Any]:
+    """Who asked a running attempt to stop, if anyone."""
+    return sa.select(attempts.c.cancel_requested_by).where(
+        attempts.c.id == attempt_id, attempts.c.cancel_requested_at.is_not(None)
+    )
+
+
+def pause(job: str, now: Any, actor: str, reason: str | None) -> Any:
+    """Put a pause of a job in force (the unique index refuses a second one)."""
+    return (
+        sa.insert(pauses)
+        .values(job=job, paused_at=now, paused_by=actor, reason=reason)
+        .returning(*pauses.c)
+    )
+
+
+def resume(job: str, now: Any, actor: str) -> Any:
+    """End the pause in force of a job; RETURNING it."""
+    return (
+        sa.update(pauses)
+        .where(pauses.c.job == job, pauses.c.resumed_at.is_(None))
+        .values(resumed_at=now, resumed_by=actor)
+        .returning(*pauses.c)
+    )
+
+
+def pauses_in_force() -> sa.Select[Any]:
+    """Every pause in force."""
+    return sa.select(pauses).where(pauses.c.resumed_at.is_(None))
+
+
+def pause_of(job: str) -> sa.Select[Any]:
+    """The pause in force of one job, if any."""
+    return sa.select(pauses).where(pauses.c.job == job, pauses.c.resumed_at.is_(None))
+
+
+def job_pauses(job: str) -> sa.Select[Any]:
+    """Every pause of a job, oldest first (what explain reads)."""
+    return sa.select(pauses).where(pauses.c.job == job).order_by(pauses.c.id)
+
+
+def last_resumes() -> sa.Select[Any]:
+    """The latest resume of each job: slots before it that fell in the pause are settled."""
+    return (
+        sa.select(pauses.c.job, sa.func.max(pauses.c.resumed_at).label("resumed_at"))
+        .where(pauses.c.resumed_at.is_not(None))
+        .group_by(pauses.c.job)
+    )
+
+
+def audit_row(values: dict[str, Any]) -> sa.Insert:
+    """One row of the audit trail, in the action's own transaction."""
+    return sa.insert(audit).values(**values)
+
+
+def audit_trail(job: str | None, limit: int) -> sa.Select[Any]:
+    """The audit trail newest first, of one job or of all."""
+    stmt = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+    if job is not None:
+        stmt = stmt.where(audit.c.job == job)
+    return stmt
+
+
+def discard_unstarted(task_id: int, now: Any, error: str) -> Any:
+    """Discard a task that is not running (cancelled before it started); RETURNING it."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id == task_id, tasks.c.state == "available")
+        .values(state="discarded", finished_at=now, error=error)
+        .returning(*tasks.c)
+    )
+
+
+def request_task_cancel(task_id: int, now: Any, actor: str) -> Any:
+    """Ask the worker running a task to stop it; RETURNING the task id if it is running."""
+    when: Any = now if isinstance(now, sa.ClauseElement) else sa.literal(now, UTCDateTime())
+    asked = sa.select(task_cancels.c.task_id).where(task_cancels.c.task_id == task_id)
+    source = sa.select(tasks.c.id, when, sa.literal(actor, sa.String(255))).where(
+        tasks.c.id == task_id, tasks.c.state == "running", ~sa.exists(asked)
+    )
+    return (
+        sa.insert(task_cancels)
+        .from_select(["task_id", "requested_at", "requested_by"], source)
+        .returning(task_cancels.c.task_id)
+    )
+
+
+def forget_task_cancel(task_id: int) -> sa.Delete:
+    """Drop a task's cancel request (it is retried by hand: a fresh start)."""
+    return sa.delete(task_cancels).where(task_cancels.c.task_id == task_id)
+
+
+def task_cancel_requests(ids: list[int]) -> sa.Select[Any]:
+    """Which of these tasks an operator asked to cancel."""
+    return sa.select(task_cancels.c.task_id).where(task_cancels.c.task_id.in_(ids))
+
+
+def task_cancel_request(task_id: int) -> sa.Select[Any]:
+    """The cancel request of one task, if any."""
+    return sa.select(task_cancels).where(task_cancels.c.task_id == task_id)
+
+
+def prune_attempts(before: Any) -> sa.Delete:
+    """Delete attempt records older than `before` (explain then says less about old slots)."""
+    return sa.delete(attempts).where(attempts.c.recorded_at < before)
+
+
+def prune_pauses(before: Any) -> sa.Delete:
+    """Delete pauses that ended before `before`."""
+    return sa.delete(pauses).where(pauses.c.resumed_at < before)
+
+
+def prune_task_cancels() -> sa.Delete:
+    """Delete cancel requests of tasks that are no longer running."""
+    running = sa.select(tasks.c.id).where(tasks.c.state == "running")
+    return sa.delete(task_cancels).where(task_cancels.c.task_id.not_in(running))

@@ -38,12 +38,12 @@ from ..errors import (
 )
 from ..masking import mask_url
 from ..model import Claim, TaskRecord
-from . import sql, task_store, tasks_sql
+from . import control, sql, task_store, tasks_sql
 from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
-from .migrations import LATEST, REQUIRED, apply_migrations
+from .migrations import CONTROL, LATEST, REQUIRED, apply_migrations
 from .outcome import task_landed
 from .plan import run, run_async
 from .session import (
@@ -81,6 +81,7 @@ class Store:
             HeldConnections() if owns_engine and self._driver_attempts is not None else None
         )
         self._schema_checked = False
+        self._version: int | None = None
         self._sync_engine: sa.Engine | None = None
         self._sync_sessions: sessionmaker[AttemptSession] | None = None
 
@@ -131,6 +132,17 @@ class Store:
     def tasks(self) -> task_store.TaskStore:
         """The task queue's statements on this store."""
         return task_store.TaskStore(self)
+
+    @functools.cached_property
+    def control(self) -> control.Control:
+        """The control plane's statements on this store (pauses, attempts, audit, cancel)."""
+        return control.Control(self)
+
+    @property
+    def has_control(self) -> bool:
+        """Whether the database has the control plane's tables (known once the schema was
+        checked: `ensure_schema`, `migrate`)."""
+        return self._version is not None and self._version >= CONTROL
 
     @property
     def display_url(self) -> str:
@@ -223,6 +235,7 @@ class Store:
             async with self.engine.begin() as conn:
                 applied = await conn.run_sync(apply_migrations, self._too_new)
         self._schema_checked = True
+        self._version = LATEST  # apply_migrations refused a newer schema
         return applied
 
     async def schema_version(self) -> int | None:
@@ -269,6 +282,7 @@ class Store:
         if version > LATEST:
             raise self._too_new(version)
         self._schema_checked = True
+        self._version = version
 
     # -- one attempt --------------------------------------------------------------------
 

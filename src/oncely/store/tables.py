@@ -156,3 +156,75 @@ workers = sa.Table(
 reads to say which waiting tasks no live worker can run. A worker writes its row when it
 starts and every `ANNOUNCE_EVERY` seconds, and deletes it when it stops; a row not seen for
 three periods is a worker that died."""
+
+
+# -- the control plane (schema v4): what operators did and what each attempt came to -------
+
+_ROW_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+attempts = sa.Table(
+    "oncely_attempts",
+    metadata,
+    sa.Column("id", _ROW_ID, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False),
+    sa.Column("key", sa.String(200), nullable=True),
+    sa.Column("slot", UTCDateTime(), nullable=True),
+    sa.Column("slot_last", UTCDateTime(), nullable=True),
+    sa.Column("outcome", sa.String(16), nullable=True),
+    sa.Column("replica", sa.String(255), nullable=False),
+    sa.Column("host", sa.String(255), nullable=True),
+    sa.Column("pid", sa.Integer, nullable=True),
+    sa.Column("started_at", UTCDateTime(), nullable=True),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.Column("recorded_at", UTCDateTime(), nullable=False),
+    sa.Column("error_class", sa.String(200), nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("cancel_requested_at", UTCDateTime(), nullable=True),
+    sa.Column("cancel_requested_by", sa.String(255), nullable=True),
+    comment="One row per attempt at a slot (and per overlap skip or missed range), written "
+    "outside the job's transaction: what `oncely explain` reads.",
+)
+sa.Index("oncely_attempts_slot", attempts.c.job, attempts.c.key)
+sa.Index("oncely_attempts_job_slot", attempts.c.job, attempts.c.slot)
+sa.Index("oncely_attempts_recorded_at", attempts.c.recorded_at)
+
+pauses = sa.Table(
+    "oncely_pauses",
+    metadata,
+    sa.Column("id", _ROW_ID, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False),
+    sa.Column("paused_at", UTCDateTime(), nullable=False),
+    sa.Column("paused_by", sa.String(255), nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("resumed_at", UTCDateTime(), nullable=True),
+    sa.Column("resumed_by", sa.String(255), nullable=True),
+    comment="One row per pause of a job; the one without resumed_at is in force.",
+)
+# At most one pause in force per job.
+_partial_index(
+    "oncely_pauses_in_force", pauses.c.job, where=pauses.c.resumed_at.is_(None), unique=True
+)
+
+audit = sa.Table(
+    "oncely_audit",
+    metadata,
+    sa.Column("id", _ROW_ID, primary_key=True, autoincrement=True),
+    sa.Column("at", UTCDateTime(), nullable=False),
+    sa.Column("actor", sa.String(255), nullable=False),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("job", sa.String(200), nullable=True),
+    sa.Column("target", sa.String(500), nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("result", sa.Text, nullable=False),
+    comment="One row per operator action, written in the action's own transaction.",
+)
+sa.Index("oncely_audit_job", audit.c.job, audit.c.id)
+
+task_cancels = sa.Table(
+    "oncely_task_cancels",
+    metadata,
+    sa.Column("task_id", _TASK_ID, primary_key=True, autoincrement=False),
+    sa.Column("requested_at", UTCDateTime(), nullable=False),
+    sa.Column("requested_by", sa.String(255), nullable=False),
+    comment="A request to cancel a running task; its worker reads it on its heartbeat.",
+)

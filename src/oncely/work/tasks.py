@@ -28,7 +28,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from .. import clock, events
-from ..errors import DatabaseUnavailableError, JobTransactionError, OncelyError
+from ..errors import (
+    DatabaseUnavailableError,
+    JobTransactionError,
+    OncelyError,
+    TaskCancelledError,
+)
 from ..identity import replica_id
 from ..retry import DEFAULT_POLICY
 from ..store import Store
@@ -38,6 +43,7 @@ from ..store.task_store import Fence, Leased, Settle, run_sync_attempt
 from ..tasks import Task, TaskRegistry, encode_result
 from .options import WorkerOptions
 from .outcome import (
+    Discarded,
     LeaseLost,
     Outcome,
     Succeeded,
@@ -49,6 +55,8 @@ from .outcome import (
 
 logger = logging.getLogger("oncely")
 
+CANCEL_CHECK_S = 2.0
+"""Seconds between a busy worker's looks for operators' cancel requests of its tasks."""
 HELPERS_END_S = 5.0
 """Seconds a stopping worker waits for its heartbeat, rescuer and settler to finish the
 statement under way before it cancels them."""
@@ -85,6 +93,8 @@ class TaskWorker:
         self._ready: collections.deque[Leased] = collections.deque()
         self._running: dict[int, asyncio.Task[None]] = {}
         self._settles: list[tuple[Outcome, Settle]] = []
+        self._cancelling: set[int] = set()
+        """Running tasks an operator cancelled: their attempts are being stopped."""
         self._decided = 0
         """Held tasks whose outcome waits to be written: they free their room at once."""
         self._to_settle = asyncio.Event()
@@ -140,6 +150,7 @@ class TaskWorker:
             asyncio.create_task(self._rescuer(closing)),
             asyncio.create_task(self._settler(closing)),
             asyncio.create_task(self._announce(closing)),
+            asyncio.create_task(self._watch_cancels(closing)),
         ]
         try:
             await self._lease(stopping)
@@ -240,7 +251,14 @@ class TaskWorker:
     async def _attempt(self, item: Leased) -> None:
         try:
             outcome = await self.run(item)
-        except (Exception, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            if item.id not in self._cancelling:
+                raise  # the shutdown's: handed back
+            self._cancelling.discard(item.id)  # an operator's: rolled back, discarded
+            error = TaskCancelledError("an operator cancelled the task while it ran")
+            self._record(Discarded(item, 0.0, error))
+            return
+        except Exception:
             raise
         except BaseException:
             # A simulated crash (the testing toolkit): the lease stays taken, as a killed
@@ -484,6 +502,25 @@ class TaskWorker:
             for item in held:
                 if item.id not in renewed and item.id in self.held:
                     logger.debug("lease of task %s not renewed (busy or lost)", item.id)
+
+    async def _watch_cancels(self, stopping: asyncio.Event) -> None:
+        """Every CANCEL_CHECK_S while tasks run: stop those an operator asked to cancel
+        (`oncely tasks cancel`): their transactions roll back and they end discarded."""
+        while not stopping.is_set():
+            await _first(stopping, timeout=CANCEL_CHECK_S)
+            running = [i for i in self._running if i not in self._cancelling]
+            if not running:
+                continue
+            try:
+                asked = await self.store.control.cancel_requested(running)
+            except OncelyError as exc:
+                logger.debug("reading cancel requests failed: %s", exc)
+                continue
+            for task_id in asked:
+                attempt = self._running.get(task_id)
+                if attempt is not None:
+                    self._cancelling.add(task_id)
+                    attempt.cancel()
 
     async def _rescuer(self, stopping: asyncio.Event) -> None:
         interval = max(0.05, min(self.options.lease / 2, 10.0))

@@ -1,0 +1,588 @@
+"""The control plane's side of the store: pauses, attempt records, cancel requests, the audit
+trail, and the operator's actions that change the ledger or the queue.
+
+Every operator action runs in one transaction together with its audit row, so the trail
+never says an action happened that did not (nor misses one that did). A refused action
+whose target exists (a running slot to release, a task in the wrong state) leaves an audit
+row of its own that says so; bad input (no such job, nothing running) writes nothing.
+
+Attempt records are written outside the job's transaction, in short transactions of their
+own: a failed attempt's claim still rolls back while its record stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from ..errors import BadInputError, OncelyError, SchemaMissingError, TaskStateError
+from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
+from . import sql, tasks_sql
+from .claims import claim_from_row
+from .dialect import Dialect
+from .task_store import record
+
+CANCEL_BUSY_MS = 2000
+"""How long a cancel waits on SQLite for the write lock (which a running attempt holds)."""
+ERROR_TEXT_MAX = 2000
+"""Characters of an error message kept in an attempt record."""
+
+
+class ControlLedger(Protocol):
+    """What the control plane needs of the store it runs on (the Store)."""
+
+    dialect: Dialect
+    engine: AsyncEngine
+
+    def translate(self) -> contextlib.AbstractContextManager[None]: ...
+
+    async def ensure_schema(self) -> None: ...
+
+    async def _read(self, stmt: Any) -> list[Any]: ...
+
+    @property
+    def has_control(self) -> bool: ...
+
+    @property
+    def display_url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Action:
+    """Who does what to which target, and why: the audit row's fields but its result."""
+
+    actor: str
+    action: str
+    target: str
+    job: str | None = None
+    reason: str | None = None
+
+
+def _pause(row: Any) -> Pause:
+    return Pause(
+        job=row.job,
+        paused_at=row.paused_at,
+        paused_by=row.paused_by,
+        reason=row.reason,
+        resumed_at=row.resumed_at,
+        resumed_by=row.resumed_by,
+    )
+
+
+def _attempt(row: Any, alive: bool = False) -> Attempt:
+    return Attempt(
+        id=row.id,
+        job=row.job,
+        key=row.key,
+        slot=row.slot,
+        outcome=row.outcome,
+        replica=row.replica,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        recorded_at=row.recorded_at,
+        error_class=row.error_class,
+        error=row.error,
+        slot_last=row.slot_last,
+        cancel_requested_at=row.cancel_requested_at,
+        cancel_requested_by=row.cancel_requested_by,
+        alive=alive,
+    )
+
+
+def _audit_entry(row: Any) -> AuditEntry:
+    return AuditEntry(
+        id=row.id,
+        at=row.at,
+        actor=row.actor,
+        action=row.action,
+        job=row.job,
+        target=row.target,
+        reason=row.reason,
+        result=row.result,
+    )
+
+
+def _process_alive(host: str | None, pid: int | None) -> bool:
+    """Whether the process that recorded an attempt still runs (known on this host only;
+    another host's process is taken to be alive)."""
+    if host != socket.gethostname() or pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class CancelSignals:
+    """Wakes running attempts of this process when an operator cancels one, where the
+    database can notify (Postgres: LISTEN on one connection while any attempt is watched);
+    elsewhere (or if LISTEN fails) `listening` is False and attempts poll alone."""
+
+    def __init__(self, store: ControlLedger) -> None:
+        self.store = store
+        self.listening = False
+        self._events: dict[int, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
+
+    @contextlib.asynccontextmanager
+    async def watch(self, attempt_id: int) -> AsyncIterator[asyncio.Event]:
+        """An event set when attempt `attempt_id` is cancelled, while the block runs."""
+        event = self._events[attempt_id] = asyncio.Event()
+        try:
+            if self._task is None:
+                self._ready = asyncio.Event()
+                self._task = asyncio.create_task(self._listen(self._ready))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._ready.wait()), 5.0)  # type: ignore[union-attr]
+            yield event
+        finally:
+            self._events.pop(attempt_id, None)
+            if not self._events and self._task is not None:
+                task, self._task = self._task, None
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                self.listening = False
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        try:
+            listener = self.store.dialect.cancel_listener(self.store.engine, self._notified)
+            async with listener as works:
+                self.listening = works
+                ready.set()
+                await asyncio.Event().wait()  # until the last watcher leaves
+        finally:
+            self.listening = False
+            ready.set()
+
+    def _notified(self, attempt_id: int) -> None:
+        event = self._events.get(attempt_id)
+        if event is not None:
+            event.set()
+
+
+class Control:
+    """Pauses, attempt records, cancel requests and audited operator actions on one store."""
+
+    def __init__(self, store: ControlLedger) -> None:
+        self.store = store
+        self.dialect = store.dialect
+        self.signals = CancelSignals(store)
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    async def _need(self) -> None:
+        await self.store.ensure_schema()
+        if not self.store.has_control:
+            raise SchemaMissingError(
+                f"oncely's tables in {self.store.display_url} predate the control plane "
+                "(pause, explain, cancel, audit): run `oncely migrate`"
+            )
+
+    @contextlib.asynccontextmanager
+    async def _write(
+        self, busy_ms: int | None = None, *, record: bool = False
+    ) -> AsyncIterator[AsyncConnection]:
+        """A transaction of its own (`record`: a single write, autocommitted where it can)."""
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                if busy_ms is not None:
+                    conn = await conn.execution_options(**self.dialect.busy_options(busy_ms))
+                if record:
+                    conn = await conn.execution_options(**self.dialect.record_options())
+                async with conn.begin():
+                    yield conn
+
+    async def _audit(self, conn: AsyncConnection, action: Action, result: str) -> None:
+        values = {
+            "at": self.dialect.now(),
+            "actor": action.actor[:255],
+            "action": action.action,
+            "job": action.job,
+            "target": action.target[:500],
+            "reason": action.reason,
+            "result": result,
+        }
+        await conn.execute(sql.audit_row(values))
+
+    async def refused(self, action: Action, error: OncelyError) -> None:
+        """Record a refused action (its target exists) in a transaction of its own."""
+        with contextlib.suppress(OncelyError):
+            async with self._write() as conn:
+                await self._audit(conn, action, f"refused: {error}")
+
+    async def audited(self, action: Action, result: str) -> None:
+        """Record an action whose own writes are elsewhere (a backfill's slots)."""
+        await self._need()
+        async with self._write() as conn:
+            await self._audit(conn, action, result)
+
+    # -- attempt records ----------------------------------------------------------------
+
+    def _origin(self, replica: str) -> dict[str, Any]:
+        return {"replica": replica[:255], "host": socket.gethostname()[:255], "pid": os.getpid()}
+
+    async def start_attempt(self, job: str, key: str, slot: datetime, replica: str) -> int | None:
+        """Record that an attempt at a slot runs; its id (None on a database without the
+        control plane's tables)."""
+        if not self.store.has_control:
+            return None
+        now = self.dialect.now()
+        values = {
+            "job": job,
+            "key": key,
+            "slot": slot,
+            "started_at": now,
+            "recorded_at": now,
+            **self._origin(replica),
+        }
+        async with self._write(record=True) as conn:
+            return int((await conn.execute(sql.record_attempt(values))).scalar_one())
+
+    async def end_attempt(self, attempt_id: int, outcome: str, error: BaseException | None) -> None:
+        """Record what a started attempt came to."""
+        values: dict[str, Any] = {"outcome": outcome, "finished_at": self.dialect.now()}
+        if error is not None:
+            values["error_class"] = type(error).__name__[:200]
+            values["error"] = str(error)[:ERROR_TEXT_MAX]
+        async with self._write(record=True) as conn:
+            await conn.execute(sql.end_attempt(attempt_id, values))
+
+    async def ended_attempt(
+        self,
+        job: str,
+        key: str,
+        slot: datetime,
+        replica: str,
+        outcome: str,
+        error: BaseException | None,
+        *,
+        started_at: datetime | None,
+    ) -> None:
+        """Record an attempt whose start was not recorded (it was quick), once it ended."""
+        if not self.store.has_control:
+            return
+        now = self.dialect.now()
+        values: dict[str, Any] = {
+            "job": job,
+            "key": key,
+            "slot": slot,
+            "outcome": outcome,
+            "started_at": started_at or now,
+            "finished_at": now,
+            "recorded_at": now,
+            **self._origin(replica),
+        }
+        if error is not None:
+            values["error_class"] = type(error).__name__[:200]
+            values["error"] = str(error)[:ERROR_TEXT_MAX]
+        async with self._write(record=True) as conn:
+            await conn.execute(sql.record_attempt(values))
+
+    async def forget_attempt(self, attempt_id: int) -> None:
+        """Delete the record of an attempt that did not claim its slot."""
+        async with self._write(record=True) as conn:
+            await conn.execute(sql.forget_attempt(attempt_id))
+
+    async def note(
+        self,
+        job: str,
+        key: str | None,
+        slot: datetime,
+        outcome: str,
+        replica: str,
+        *,
+        slot_last: datetime | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record a slot a worker did not start (`overlap`, or a `missed` range and why)."""
+        if not self.store.has_control:
+            return
+        values = {
+            "job": job,
+            "key": key,
+            "slot": slot,
+            "slot_last": slot_last,
+            "outcome": outcome,
+            "recorded_at": self.dialect.now(),
+            "error": reason,
+            **self._origin(replica),
+        }
+        async with self._write(record=True) as conn:
+            await conn.execute(sql.record_attempt(values))
+
+    async def cancel_request(self, attempt_id: int) -> str | None:
+        """Who asked this running attempt to stop (None: nobody)."""
+        rows = await self.store._read(sql.cancel_request(attempt_id))
+        return str(rows[0][0]) if rows else None
+
+    async def slot_records(self, job: str, key: str, slot: datetime) -> list[Attempt]:
+        """Every record of one slot, oldest first; attempts with no outcome say if alive."""
+        await self._need()
+        rows = await self.store._read(sql.slot_attempts(job, key, slot))
+        found = []
+        for row in rows:
+            alive = False
+            if row.outcome is None and row.started_at is not None:
+                alive = await self._holding(row)
+            found.append(_attempt(row, alive))
+        return found
+
+    async def running(self, job: str, key: str | None = None) -> list[Attempt]:
+        """Attempts of a job (at one slot) that run right now somewhere."""
+        await self._need()
+        rows = await self.store._read(sql.running_attempts(job, key))
+        return [_attempt(row, True) for row in rows if await self._holding(row)]
+
+    async def _holding(self, row: Any) -> bool:
+        """Whether the attempt of a record with no outcome still runs: its slot's lock is held
+        (Postgres, read from pg_locks), or its process lives (SQLite, on this host)."""
+        if not self.dialect.slot_locks:
+            return _process_alive(row.host, row.pid)
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                held = await self.dialect.slot_held(conn, row.job, row.key)
+                await conn.rollback()
+        return held
+
+    async def claims(self, job: str, keys: Sequence[str]) -> dict[str, Claim]:
+        """The claims of some slots of a job, by key."""
+        found: dict[str, Claim] = {}
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start : start + 500])
+            for row in await self.store._read(sql.claims_of(job, chunk)):
+                found[row.key] = claim_from_row(row)
+        return found
+
+    # -- pauses -------------------------------------------------------------------------
+
+    async def pauses(self) -> dict[str, Pause]:
+        """The pauses in force, by job (none on a database without the control plane)."""
+        if not self.store.has_control:
+            return {}
+        return {r.job: _pause(r) for r in await self.store._read(sql.pauses_in_force())}
+
+    async def pause_in(self, session: AsyncSession, job: str) -> Pause | None:
+        """The pause in force of a job, read in an attempt's open transaction."""
+        if not self.store.has_control:
+            return None
+        with self.store.translate():
+            row = (await session.execute(sql.pause_of(job))).first()
+        return _pause(row) if row is not None else None
+
+    async def job_pauses(self, job: str) -> list[Pause]:
+        """Every pause of one job, oldest first."""
+        await self._need()
+        return [_pause(r) for r in await self.store._read(sql.job_pauses(job))]
+
+    async def last_resumes(self) -> dict[str, datetime]:
+        """When each job was last resumed: a worker's catch-up does not look back past it."""
+        if not self.store.has_control:
+            return {}
+        return {r.job: r.resumed_at for r in await self.store._read(sql.last_resumes())}
+
+    async def pause(self, action: Action) -> Pause:
+        """Put a pause of a job in force, with its audit row; refused if one is."""
+        await self._need()
+        job = action.job
+        assert job is not None
+        current = (await self.pauses()).get(job)
+        if current is None:
+            try:
+                async with self._write() as conn:
+                    row = (
+                        await conn.execute(
+                            sql.pause(job, self.dialect.now(), action.actor, action.reason)
+                        )
+                    ).one()
+                    await self._audit(conn, action, "paused")
+                    return _pause(row)
+            except OncelyError:
+                current = (await self.pauses()).get(job)
+                if current is None:
+                    raise
+        error = BadInputError(
+            f"job {job!r} is already paused (by {current.paused_by} at "
+            f"{current.paused_at.isoformat(timespec='seconds')}): nothing changed"
+        )
+        await self.refused(action, error)
+        raise error
+
+    async def resume(self, action: Action) -> Pause:
+        """End the pause in force of a job, with its audit row; refused if none is."""
+        await self._need()
+        job = action.job
+        assert job is not None
+        async with self._write() as conn:
+            row = (await conn.execute(sql.resume(job, self.dialect.now(), action.actor))).first()
+            if row is not None:
+                await self._audit(conn, action, "resumed")
+                return _pause(row)
+        error = BadInputError(f"job {job!r} is not paused: nothing to resume")
+        await self.refused(action, error)
+        raise error
+
+    # -- release, cancel ----------------------------------------------------------------
+
+    async def release(self, action: Action, job: str, key: str, *, force: bool) -> Claim | None:
+        """Delete one claim with its audit row. Refused (with a row) while an attempt at the
+        slot runs, unless `force`; None (nothing written) if there is no claim."""
+        await self._need()
+        running = BadInputError(
+            f"job {job!r} key {key!r} is running right now (or, on SQLite, another write "
+            "holds the database): nothing released; try again when it has finished, or "
+            "pass --force"
+        )
+        try:
+            async with self._write(busy_ms=500) as conn:
+                if not force and not await self.dialect.try_lock_slot(conn, job, key):
+                    raise running
+                row = (await conn.execute(sql.release(job, key))).first()
+                if row is not None:
+                    forced = " (--force)" if force else ""
+                    await self._audit(conn, action, f"released{forced}")
+        except OncelyError as exc:
+            if exc is not running and not self.dialect.is_busy(exc.__cause__ or exc):
+                raise
+            await self.refused(action, running)
+            raise running from None
+        return claim_from_row(row) if row is not None else None
+
+    async def cancel_attempts(self, action: Action, attempts: Sequence[Attempt]) -> list[int]:
+        """Ask running attempts to stop, with one audit row; the ids that were still running.
+
+        On Postgres the request also wakes the process running each (NOTIFY on commit).
+        """
+        await self._need()
+        cancelled: list[int] = []
+        try:
+            async with self._write(busy_ms=CANCEL_BUSY_MS) as conn:
+                for attempt in attempts:
+                    stmt = sql.request_cancel(attempt.id, self.dialect.now(), action.actor)
+                    if (await conn.execute(stmt)).rowcount:
+                        cancelled.append(attempt.id)
+                        await self.dialect.notify_cancel(conn, attempt.id)
+                if cancelled:
+                    await self._audit(conn, action, "cancel requested")
+        except OncelyError as exc:
+            if not self.dialect.is_busy(exc.__cause__ or exc):
+                raise
+            raise _write_locked("attempt") from None
+        return cancelled
+
+    # -- tasks --------------------------------------------------------------------------
+
+    async def _task_refused(self, action: Action, task_id: int, what: str, allowed: str) -> None:
+        rows = await self.store._read(tasks_sql.get(task_id))
+        if not rows:
+            raise BadInputError(f"no task with id {task_id}")
+        rec = record(rows[0])
+        error = TaskStateError(
+            f"task {task_id} ({rec.task}) is {rec.state.value}: only {allowed} tasks can be {what}"
+        )
+        await self.refused(action, error)
+        raise error
+
+    async def cancel_task(self, action: Action, task_id: int) -> tuple[str, TaskRecord | None]:
+        """Cancel a task: one that is not running is discarded (`discarded`, its record); a
+        running one gets a cancel request its worker acts on (`cancel requested`)."""
+        await self._need()
+        now = self.dialect.now()
+        error = f"Cancelled: by {action.actor} (oncely tasks cancel)"
+        async with self._write() as conn:
+            row = (await conn.execute(sql.discard_unstarted(task_id, now, error))).first()
+            if row is not None:
+                await self._audit(conn, action, "discarded (it had not started)")
+                return "discarded", record(row)
+            asked = (
+                await conn.execute(sql.request_task_cancel(task_id, now, action.actor))
+            ).first()
+            if asked is not None:
+                await self._audit(conn, action, "cancel requested (running)")
+                return "cancel requested", None
+        rows = await self.store._read(sql.task_cancel_request(task_id))
+        if rows:
+            raise BadInputError(
+                f"task {task_id} already has a cancel request (by {rows[0].requested_by} at "
+                f"{rows[0].requested_at.isoformat(timespec='seconds')}): nothing changed"
+            )
+        await self._task_refused(action, task_id, "cancelled", "available or running")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def cancel_requested(self, ids: Sequence[int]) -> set[int]:
+        """Which of these (running) tasks an operator asked to cancel: for a worker's
+        heartbeat. Empty on a database without the control plane's tables."""
+        if not ids or not self.store.has_control:
+            return set()
+        return {int(r[0]) for r in await self.store._read(sql.task_cancel_requests(list(ids)))}
+
+    async def task_cancel_request(self, task_id: int) -> tuple[datetime, str] | None:
+        """When and by whom a task's cancel was asked for, if it was."""
+        await self._need()
+        rows = await self.store._read(sql.task_cancel_request(task_id))
+        return (rows[0].requested_at, rows[0].requested_by) if rows else None
+
+    async def retry_task(self, action: Action, task_id: int) -> TaskRecord:
+        """Run a dead, discarded or waiting task again now, with its audit row."""
+        await self._need()
+        async with self._write() as conn:
+            row = (await conn.execute(tasks_sql.retry_now(task_id, self.dialect.now()))).first()
+            if row is not None:
+                await conn.execute(sql.forget_task_cancel(task_id))
+                await self._audit(conn, action, "available now")
+                return record(row)
+        await self._task_refused(action, task_id, "retried", "dead, discarded or available")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def discard_task(self, action: Action, task_id: int) -> TaskRecord:
+        """Discard a task that has not succeeded, with its audit row."""
+        await self._need()
+        async with self._write() as conn:
+            row = (await conn.execute(tasks_sql.discard(task_id, self.dialect.now()))).first()
+            if row is not None:
+                await self._audit(conn, action, "discarded")
+                return record(row)
+        await self._task_refused(action, task_id, "discarded", "available, running or dead")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the trail and retention --------------------------------------------------------
+
+    async def audit(self, job: str | None, limit: int) -> list[AuditEntry]:
+        """The audit trail, newest first."""
+        await self._need()
+        return [_audit_entry(r) for r in await self.store._read(sql.audit_trail(job, limit))]
+
+    async def prune(self, action: Action, before: datetime) -> dict[str, int]:
+        """Delete finished tasks, claims, attempt records and ended pauses older than
+        `before`, with the audit row, in one transaction; how many of each."""
+        await self._need()
+        counts: dict[str, int] = {}
+        async with self._write() as conn:
+            for name, stmt in (
+                ("tasks", tasks_sql.prune_tasks(before)),
+                ("claims", tasks_sql.prune_claims(before)),
+                ("attempts", sql.prune_attempts(before)),
+                ("pauses", sql.prune_pauses(before)),
+                ("cancel requests", sql.prune_task_cancels()),
+            ):
+                counts[name] = int((await conn.execute(stmt)).rowcount or 0)
+            await self._audit(conn, action, ", ".join(f"{n} {k}" for k, n in counts.items()))
+        return counts
+
+
+def _write_locked(what: str) -> BadInputError:
+    return BadInputError(
+        f"a running {what} holds SQLite's write lock until it ends, so a cancel cannot be "
+        "recorded: nothing changed (stop the process running it: SIGTERM rolls it back)"
+    )
