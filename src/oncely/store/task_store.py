@@ -204,13 +204,21 @@ async def enqueue(
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
     Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
-    `session` is an AsyncSession or a bare driver connection (asyncpg).
+    `session` is an AsyncSession or a bare driver connection (asyncpg). On an AsyncSession
+    over asyncpg the INSERT goes straight to the session's driver connection, in its
+    transaction (see `postgres.session_driver`).
     """
     driver = driver_dialect(session)
     if driver is not None:
         return await _enqueue_on_driver(driver, session, entries)
-    bind = _bound(session.sync_session) or await session.connection()
-    return await run_async(session, _enqueue_plan(dialect_for(bind.dialect.name), entries))
+    bound = _bound(session.sync_session)
+    bind = bound or await session.connection()
+    dialect = dialect_for(bind.dialect.name)
+    if bound is not None:  # one bind for every table: the session's connection is oncely's
+        on_driver = await dialect.session_driver(session, bound)
+        if on_driver is not None:  # the prepared INSERT, in the session's transaction
+            return await _enqueue_on_driver(dialect, on_driver, entries)
+    return await run_async(session, _enqueue_plan(dialect, entries))
 
 
 async def _enqueue_on_driver(
