@@ -80,9 +80,9 @@ async def claim_run(session: AsyncSession | AsyncConnection | Any, job: str, key
     if driver is not None:
         return await driver.claim_on_driver(session, job, key, replica_id())
     if isinstance(session, AsyncSession):
-        conn = await session.connection()
-        dialect = dialect_for(conn.dialect.name)
-        on_driver = await dialect.session_driver(session, conn)
+        bind = await session.connection()
+        dialect = dialect_for(bind.dialect.name)
+        on_driver = await dialect.session_driver(session, bind)
         if on_driver is not None and on_driver.is_in_transaction():
             # The prepared INSERT on the session's driver connection, in its transaction.
             return await dialect.claim_on_driver(on_driver, job, key, replica_id())

@@ -167,9 +167,10 @@ class Dialect(abc.ABC):
         raise NotImplementedError
 
     async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
-        """The driver connection under a caller's session (`bind`: what it runs on), inside
-        the session's own transaction, begun as SQLAlchemy begins it (or, for a session in
-        autocommit mode, outside any); None: run oncely's statements through the session.
+        """The driver connection under a caller's session (`bind`: what it runs on, an engine
+        or the session's AsyncConnection), inside the session's own transaction, begun as
+        SQLAlchemy begins it (or, for a session in autocommit mode, outside any); None: run
+        oncely's statements through the session.
         Statements sent on it take the `*_on_driver` methods above."""
         return None
 

@@ -193,14 +193,16 @@ async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> boo
 # error is raised, do not depend on the driver.
 
 
-async def session_driver(session: AsyncSession) -> Any:
-    """The asyncpg connection of the session's connection, in the session's transaction
-    (begun here if SQLAlchemy has not sent its BEGIN yet), or outside any if the session
-    runs in autocommit mode; None if SQLAlchemy's adapter cannot be driven that way."""
+async def session_driver(session: AsyncSession, conn: AsyncConnection | None = None) -> Any:
+    """The asyncpg connection of the session's connection (`conn` if the caller has it), in
+    the session's transaction (begun here if SQLAlchemy has not sent its BEGIN yet), or
+    outside any if the session runs in autocommit mode; None if SQLAlchemy's adapter cannot
+    be driven that way."""
     sync = session.sync_session
     if sync.autoflush and (sync.new or sync.deleted or sync.identity_map.check_modified()):
         await session.flush()
-    conn = await session.connection()
+    if conn is None:
+        conn = await session.connection()
     adapted = conn.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
     driver = getattr(adapted, "driver_connection", None)
     if not isinstance(driver, asyncpg.Connection):
@@ -395,7 +397,7 @@ class PostgresDialect(Dialect):
     async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
         if bind.dialect.driver != "asyncpg":
             return None  # psycopg: the statement goes through the session
-        return await session_driver(session)
+        return await session_driver(session, bind if isinstance(bind, AsyncConnection) else None)
 
     def tasks_ddl(self) -> Sequence[str]:
         return TASKS_NOTIFY_DDL
