@@ -26,6 +26,7 @@ V3_INDEXES = V2_INDEXES - {"oncely_tasks_idempotency", "oncely_tasks_state"} | {
     "oncely_tasks_key",
     "oncely_tasks_finished",
 }
+V4_INDEXES = V3_INDEXES | {"oncely_tasks_failed"}
 
 
 def task_indexes(engine: sa.Engine) -> set[str]:
@@ -36,6 +37,7 @@ def task_indexes(engine: sa.Engine) -> set[str]:
 def as_v2(engine: sa.Engine) -> None:
     """Turn a migrated database back into schema v2 as v2 built it (its two full indexes)."""
     with engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX oncely_tasks_failed")
         conn.exec_driver_sql("DROP INDEX oncely_tasks_key")
         conn.exec_driver_sql("DROP INDEX oncely_tasks_finished")
         conn.exec_driver_sql(
@@ -49,7 +51,7 @@ async def test_a_new_database_gets_the_latest_schema(db_url: str, sync_engine: s
     app = Oncely(db_url)
     assert await app.migrate() == list(range(1, SCHEMA_VERSION + 1))
     await app.aclose()
-    assert task_indexes(sync_engine) == V3_INDEXES
+    assert task_indexes(sync_engine) == V4_INDEXES
 
 
 async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
@@ -86,8 +88,8 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
 
     result = run_cli("migrate", cwd=ROOT, env={"ONCELY_DATABASE_URL": db_url})
     assert result.returncode == 0, result.stderr
-    assert "to version 3 (applied [3])" in result.stdout
-    assert task_indexes(sync_engine) == V3_INDEXES
+    assert "to version 4 (applied [3, 4])" in result.stdout
+    assert task_indexes(sync_engine) == V4_INDEXES
 
     app = Oncely(db_url)
     charge = app.task(charge.func, name="charge")

@@ -34,12 +34,22 @@ def _v3_lean_indexes(conn: Connection) -> None:
     conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_state")
 
 
+def _v4_failed_index(conn: Connection) -> None:
+    # The newest dead (or discarded) tasks straight from an index of those alone. Building it
+    # reads the whole table and locks out writes to oncely_tasks meanwhile (about 3 s for
+    # 5 million rows); see docs/scale.md.
+    for index in tasks.indexes:
+        if index.name == "oncely_tasks_failed":
+            index.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
     (1, "the oncely_runs ledger", _v1_runs),
     (2, "the oncely_tasks queue (and its NOTIFY trigger on Postgres)", _v2_tasks),
     (3, "oncely_tasks: partial indexes for keyed and finished tasks", _v3_lean_indexes),
+    (4, "oncely_tasks: a partial index for listing dead and discarded tasks", _v4_failed_index),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -48,4 +58,5 @@ LATEST = MIGRATIONS[-1][0]
 REQUIRED = 2
 """The oldest schema this oncely runs on. v3 changes only indexes, and this oncely's
 statements work with v2's as well: upgrade every process first, then `oncely migrate` (an
-older oncely cannot enqueue on v3, whose key index its conflict target does not name)."""
+older oncely cannot enqueue on v3, whose key index its conflict target does not name). v4
+adds an index only: every statement runs on v3 as on v4."""
