@@ -191,6 +191,11 @@ async def fill(side: Side, claims: int, finished: int, queued: int) -> dict[str,
     await side.raw.execute("VACUUM ANALYZE oncely_runs")
     await side.raw.execute("VACUUM ANALYZE oncely_tasks")
     took["vacuum analyze"] = time.perf_counter() - started
+    started = time.perf_counter()
+    # The fill's writes reach the disk now, not during the first rounds (which they would
+    # slow on whichever side was measured then).
+    await side.raw.execute("CHECKPOINT")
+    took["checkpoint"] = time.perf_counter() - started
     return took
 
 
@@ -296,6 +301,7 @@ class PruneResult:
     drained: int
     rate: float
     longest_gap_ms: float
+    p99_gap_ms: float
 
 
 async def longest_prune_xact(admin: Any, database: str, stop: asyncio.Event) -> float:
@@ -303,7 +309,8 @@ async def longest_prune_xact(admin: Any, database: str, stop: asyncio.Event) -> 
     longest = 0.0
     query = (
         "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0) "
-        "FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'DELETE FROM oncely_%'"
+        "FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() "
+        "AND state <> 'idle' AND query ILIKE '%DELETE FROM oncely_%'"
     )
     while not stop.is_set():
         longest = max(longest, float(await admin.fetchval(query, database)) * 1000)
@@ -350,7 +357,8 @@ async def prune_while_draining(side: Side, admin: Any, concurrency: int) -> Prun
     stop_worker.set()
     await worker
     marks = [started, *during, ended]
-    gap = max(b - a for a, b in itertools.pairwise(marks))
+    gaps = sorted(b - a for a, b in itertools.pairwise(marks))
+    gap, gap_p99 = gaps[-1], gaps[int(len(gaps) * 0.99)]
     return PruneResult(
         seconds=ended - started,
         tasks=pruned_tasks,
@@ -359,6 +367,7 @@ async def prune_while_draining(side: Side, admin: Any, concurrency: int) -> Prun
         drained=len(during),
         rate=len(during) / (ended - started),
         longest_gap_ms=gap * 1000,
+        p99_gap_ms=gap_p99 * 1000,
     )
 
 
@@ -411,15 +420,21 @@ async def report_rates(sides: list[Side], args: argparse.Namespace) -> None:
             for _ in range(20):
                 await step(side)
     for round_no in range(args.rounds):
-        print(f"round {round_no + 1}/{args.rounds}", flush=True)
+        order = sides if round_no % 2 == 0 else sides[::-1]  # neither side always goes first
         for (_, step), rate in zip(steps, rates, strict=False):
-            for side in sides:
+            for side in order:
                 value = await timed(side, step, args.seconds, args.most)
                 getattr(rate, side.name).append(value)
-        for side in sides:
+    for round_no in range(args.drain_rounds):
+        print(f"drain round {round_no + 1}/{args.drain_rounds}", flush=True)
+        for side in sides if round_no % 2 == 0 else sides[::-1]:
             value = await drain_rate(side, args.drain, args.concurrency)
             getattr(rates[-1], side.name).append(value)
-    print(f"\nrates, median of {args.rounds} rounds (full / empty: median of the rounds' ratios)")
+    print(
+        f"\nrates, median of {args.rounds} rounds of {args.seconds} s "
+        f"({args.drain_rounds} of {args.drain} tasks for the drain), the sides alternating; "
+        "full / empty: the median of the rounds' ratios, and their range"
+    )
     print("| measurement | empty tables | full tables | full / empty | range |")
     print("|---|---:|---:|---:|---:|")
     for rate in rates:
@@ -457,7 +472,10 @@ async def report_prune(sides: list[Side], admin: Any, args: argparse.Namespace) 
         ("its longest transaction, ms", lambda r: f"{r.longest_xact_ms:.0f}"),
         ("tasks drained meanwhile", lambda r: f"{r.drained:,}"),
         ("drain rate meanwhile, /s", lambda r: f"{r.rate:,.0f}"),
-        ("longest gap between two tasks, ms", lambda r: f"{r.longest_gap_ms:.0f}"),
+        (
+            "gap between two tasks, p99 / longest, ms",
+            lambda r: f"{r.p99_gap_ms:.0f} / {r.longest_gap_ms:.0f}",
+        ),
     ]
     for name, cell in rows:
         print(f"| {name} | {cell(results['empty'])} | {cell(results['full'])} |")
@@ -469,8 +487,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--claims", type=int, default=1_000_000)
     parser.add_argument("--finished", type=int, default=5_000_000)
     parser.add_argument("--queued", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per rate (median shown)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of a rate's round")
+    parser.add_argument("--rounds", type=int, default=24, help="rounds per rate (median shown)")
+    parser.add_argument("--seconds", type=float, default=0.3, help="length of a rate's round")
+    parser.add_argument("--drain-rounds", type=int, default=4, help="drains per side")
     parser.add_argument("--most", type=int, default=1_000_000, help="at most N steps a round")
     parser.add_argument("--drain", type=int, default=3000, help="tasks per drain round")
     parser.add_argument("--concurrency", type=int, default=2, help="the worker's lanes")
@@ -483,10 +502,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.claims, args.finished, args.queued = 2_000, 10_000, 200
         args.rounds, args.seconds, args.most, args.drain, args.reads = 1, 0.2, 50, 50, 3
+        args.drain_rounds = 1
     if min(args.claims, args.finished, args.queued) < 0:
         parser.error("--claims, --finished and --queued must be >= 0")
-    if args.rounds < 1 or args.seconds <= 0 or args.most < 1 or args.drain < 1 or args.reads < 1:
-        parser.error("--rounds, --most, --drain and --reads must be >= 1 and --seconds > 0")
+    counts = (args.rounds, args.drain_rounds, args.most, args.drain, args.reads)
+    if min(counts) < 1 or args.seconds <= 0:
+        parser.error(
+            "--rounds, --drain-rounds, --most, --drain and --reads must be >= 1, --seconds > 0"
+        )
     return args
 
 

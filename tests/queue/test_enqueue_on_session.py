@@ -218,3 +218,29 @@ async def test_a_task_that_enqueues_then_fails_leaves_no_task(user: User) -> Non
     await drain(app, done)
     seconds = [r.args["n"] for r in await list_tasks(app) if r.task == "second"]
     assert seconds == [2]
+
+
+async def test_a_job_that_enqueues_then_fails_leaves_no_task_and_no_claim(user: User) -> None:
+    """In `app.run` (on asyncpg: oncely's own transaction on the driver), a job's enqueue
+    commits with its claim, or neither does."""
+    from datetime import datetime, timezone
+
+    from oncely import RunStatus, every
+
+    app = user.app
+    charge = _charge(app)
+    fail = {"now": True}
+
+    @app.job(every(hours=1), name="billing")
+    async def billing(db: Any, now: datetime) -> None:
+        await charge.enqueue(db, order_id=1, idempotency_key=f"bill:{now.isoformat()}")
+        if fail["now"]:
+            raise RuntimeError("after the enqueue")
+
+    slot = datetime(2030, 1, 1, 12, tzinfo=timezone.utc)
+    with pytest.raises(RuntimeError, match="after the enqueue"):
+        await app.run("billing", now=slot)
+    assert (await user.count("oncely_tasks"), await user.count("oncely_runs")) == (0, 0)
+    fail["now"] = False
+    assert (await app.run("billing", now=slot)).status is RunStatus.RAN
+    assert (await user.count("oncely_tasks"), await user.count("oncely_runs")) == (1, 1)
