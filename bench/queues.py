@@ -44,11 +44,13 @@ def dsn_for(base: str, name: str) -> str:
     return f"{head}/{name}"
 
 
-async def fresh_database(base: str, name: str) -> str:
+async def fresh_database(base: str, name: str, durable: bool = True) -> str:
     admin = await asyncpg.connect(base)
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.execute(f'CREATE DATABASE "{name}"')
+        if not durable:
+            await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     finally:
         await admin.close()
     dsn = dsn_for(base, name)
@@ -529,13 +531,21 @@ async def main() -> None:
     )
     parser.add_argument("--no-enqueue", action="store_true", help="skip the enqueue rows")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency rows")
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="every system's database commits without waiting for the disk (synchronous_commit"
+        " = off, a session may still turn it on) so round trips and CPU dominate, not a shared"
+        " disk",
+    )
     args = parser.parse_args()
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
     classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
     systems: list[System] = []
     for name in args.systems.split(","):
         system = classes[name]()
-        await system.setup(await fresh_database(base, f"{args.database_prefix}_{name}"))
+        dsn = await fresh_database(base, f"{args.database_prefix}_{name}", not args.no_fsync)
+        await system.setup(dsn)
         systems.append(system)
     room = await connection_room(base)
     for system in systems:

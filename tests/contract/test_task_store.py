@@ -449,6 +449,45 @@ async def test_prune_deletes_finished_tasks_before_the_cutoff_only(store: Store)
     assert await ids(store) == [running, waiting, retrying]
 
 
+async def test_prune_deletes_in_batches_each_committed_on_its_own(store: Store) -> None:
+    """A prune of many rows is many short transactions (workers never wait behind one long
+    DELETE): with batches of 2, five succeeded tasks and three old claims take 3 + 2 batches
+    (and one empty batch for each finished state and for the claims to find the end: 9),
+    each committed by itself."""
+    from oncely.schema import runs
+
+    made = [await put(store, n=i) for i in range(6)]
+    await ack(store, await fetch(store, "tok-p", limit=5))
+    finished_by = await now(store)
+    old = finished_by - timedelta(days=2)
+    async with store.engine.begin() as conn:
+        for key in ("a", "b", "c", "d"):
+            claimed_at = old if key != "d" else finished_by + timedelta(days=1)
+            await conn.execute(
+                sa.insert(runs).values(job="j", key=key, claimed_at=claimed_at, claimed_by=BY)
+            )
+    deletes: list[str] = []
+    commits: list[int] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "DELETE FROM" in statement.upper():
+            deletes.append(statement)
+
+    sync = store.engine.sync_engine
+    sa.event.listen(sync, "before_cursor_execute", seen)
+    sa.event.listen(sync, "commit", lambda _conn: commits.append(len(deletes)))
+    try:
+        assert await store.tasks.prune(finished_by + timedelta(seconds=1), batch=2) == (5, 3)
+    finally:
+        sa.event.remove(sync, "before_cursor_execute", seen)
+    assert len(deletes) == 9
+    assert commits == list(range(1, 10))  # one commit after each DELETE
+    assert await ids(store) == made[5:]
+    async with store.engine.connect() as conn:
+        left = [r.key for r in await conn.execute(sa.select(runs.c.key))]
+    assert left == ["d"]
+
+
 # -- release: leases handed back --------------------------------------------------------------
 
 

@@ -73,13 +73,19 @@ async def claim_run(session: AsyncSession | AsyncConnection | Any, job: str, key
     work or not at all, and a rollback frees it. If another transaction holds an uncommitted
     claim on the same key, this waits for it to end (use `Oncely.run` for a non-blocking try).
     `session` is an AsyncSession, an AsyncConnection, or a bare asyncpg connection, which
-    must be inside a transaction (`async with conn.transaction():`).
+    must be inside a transaction (`async with conn.transaction():`). On an AsyncSession over
+    asyncpg the INSERT goes straight to the session's driver connection, in its transaction.
     """
     driver = driver_dialect(session)
     if driver is not None:
         return await driver.claim_on_driver(session, job, key, replica_id())
     if isinstance(session, AsyncSession):
-        dialect = dialect_for((await session.connection()).dialect.name)
+        bind = await session.connection()
+        dialect = dialect_for(bind.dialect.name)
+        on_driver = await dialect.session_driver(session, bind)
+        if on_driver is not None and on_driver.is_in_transaction():
+            # The prepared INSERT on the session's driver connection, in its transaction.
+            return await dialect.claim_on_driver(on_driver, job, key, replica_id())
     else:
         dialect = dialect_for(session.dialect.name)
     try:

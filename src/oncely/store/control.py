@@ -28,7 +28,7 @@ from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
 from . import sql, tasks_sql
 from .claims import claim_from_row
 from .dialect import Dialect
-from .task_store import record
+from .task_store import TaskStore, record
 
 CANCEL_BUSY_MS = 2000
 """How long a cancel waits on SQLite for the write lock (which a running attempt holds)."""
@@ -47,6 +47,9 @@ class ControlLedger(Protocol):
     async def ensure_schema(self) -> None: ...
 
     async def _read(self, stmt: Any) -> list[Any]: ...
+
+    @property
+    def tasks(self) -> TaskStore: ...
 
     @property
     def has_control(self) -> bool: ...
@@ -565,13 +568,14 @@ class Control:
 
     async def prune(self, action: Action, before: datetime) -> dict[str, int]:
         """Delete finished tasks, claims, attempt records and ended pauses older than
-        `before`, with the audit row, in one transaction; how many of each."""
+        `before`; how many of each. Tasks and claims go first, in bounded batches of a
+        transaction each (see `TaskStore.prune`); the rest, with the audit row that counts
+        it all, in one transaction."""
         await self._need()
         counts: dict[str, int] = {}
+        counts["tasks"], counts["claims"] = await self.store.tasks.prune(before)
         async with self._write() as conn:
             for name, stmt in (
-                ("tasks", tasks_sql.prune_tasks(before)),
-                ("claims", tasks_sql.prune_claims(before)),
                 ("attempts", sql.prune_attempts(before)),
                 ("pauses", sql.prune_pauses(before)),
                 ("cancel requests", sql.prune_task_cancels()),

@@ -174,6 +174,14 @@ class Dialect(abc.ABC):
         connection."""
         raise NotImplementedError
 
+    async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
+        """The driver connection under a caller's session (`bind`: what it runs on, an engine
+        or the session's AsyncConnection), inside the session's own transaction, begun as
+        SQLAlchemy begins it (or, for a session in autocommit mode, outside any); None: run
+        oncely's statements through the session.
+        Statements sent on it take the `*_on_driver` methods above."""
+        return None
+
     def tasks_ddl(self) -> Sequence[str]:
         """Statements that follow the creation of oncely_tasks (Postgres: its NOTIFY trigger)."""
         return ()

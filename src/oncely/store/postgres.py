@@ -212,6 +212,44 @@ def _task_ack_sql(task_id: int, token: str) -> str:
     return TASK_ACK_AND_COMMIT.format(id=task_id, token=token)
 
 
+# -- a caller's AsyncSession on asyncpg -------------------------------------------------------
+# `claim_run` and `enqueue` on a user's AsyncSession send their statement on the session's own
+# asyncpg connection, as on a bare one: the prepared statement, with no SQLAlchemy statement
+# machinery (compilation, cursor, result) in between, which costs more CPU than the round trip.
+# The statement must run inside the session's transaction. SQLAlchemy sends its BEGIN lazily,
+# with the session's first statement; for a session that has not sent one yet, the BEGIN is
+# sent here the way SQLAlchemy's adapter sends it (so that its COMMIT and ROLLBACK end this
+# very transaction). The session's pending objects are flushed first if its autoflush is on,
+# as `session.execute` of the same INSERT would: the order of the writes, and where a flush
+# error is raised, do not depend on the driver.
+
+
+async def session_driver(session: AsyncSession, conn: AsyncConnection | None = None) -> Any:
+    """The asyncpg connection of the session's connection (`conn` if the caller has it), in
+    the session's transaction (begun here if SQLAlchemy has not sent its BEGIN yet), or
+    outside any if the session runs in autocommit mode; None if SQLAlchemy's adapter cannot
+    be driven that way."""
+    sync = session.sync_session
+    if sync.autoflush and (sync.new or sync.deleted or sync.identity_map.check_modified()):
+        await session.flush()
+    if conn is None:
+        conn = await session.connection()
+    adapted = conn.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
+    driver = getattr(adapted, "driver_connection", None)
+    if not isinstance(driver, asyncpg.Connection):
+        return None
+    if driver.is_in_transaction() or getattr(adapted, "autocommit", False):
+        return driver
+    begin = getattr(adapted, "_start_transaction", None)  # what the adapter's cursor awaits
+    if begin is None:
+        return None
+    try:
+        await begin()
+    except Exception as exc:  # the adapter's own error class, from the driver's
+        raise DatabaseError(f"beginning the transaction failed: {exc.__cause__ or exc}") from exc
+    return driver if driver.is_in_transaction() else None
+
+
 def _driver(conn: AsyncConnection) -> Any:
     """The asyncpg connection under a checked-out connection, at hand without I/O
     (get_raw_connection() would take a greenlet round of its own to answer the same)."""
@@ -426,6 +464,11 @@ class PostgresDialect(Dialect):
 
     async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
         return await tasks_by_keys_on_driver(conn, task, keys)
+
+    async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
+        if bind.dialect.driver != "asyncpg":
+            return None  # psycopg: the statement goes through the session
+        return await session_driver(session, bind if isinstance(bind, AsyncConnection) else None)
 
     def tasks_ddl(self) -> Sequence[str]:
         return TASKS_NOTIFY_DDL

@@ -16,7 +16,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -222,13 +222,21 @@ async def enqueue(
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
     Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
-    `session` is an AsyncSession or a bare driver connection (asyncpg).
+    `session` is an AsyncSession or a bare driver connection (asyncpg). On an AsyncSession
+    over asyncpg the INSERT goes straight to the session's driver connection, in its
+    transaction (see `postgres.session_driver`).
     """
     driver = driver_dialect(session)
     if driver is not None:
         return await _enqueue_on_driver(driver, session, entries)
-    bind = _bound(session.sync_session) or await session.connection()
-    return await run_async(session, _enqueue_plan(dialect_for(bind.dialect.name), entries))
+    bound = _bound(session.sync_session)
+    bind = bound or await session.connection()
+    dialect = dialect_for(bind.dialect.name)
+    if bound is not None:  # one bind for every table: the session's connection is oncely's
+        on_driver = await dialect.session_driver(session, bound)
+        if on_driver is not None:  # the prepared INSERT, in the session's transaction
+            return await _enqueue_on_driver(dialect, on_driver, entries)
+    return await run_async(session, _enqueue_plan(dialect, entries))
 
 
 async def _enqueue_on_driver(
@@ -250,6 +258,9 @@ def enqueue_sync(session: Session, entries: Sequence[dict[str, Any]]) -> list[Ta
 
 
 _TX = "oncely.task_transaction"
+
+_EARLIEST = datetime(1, 1, 1, tzinfo=timezone.utc)
+"""Where a prune's first batch starts: before any time a row can hold."""
 
 
 class TaskSession(AttemptSession):
@@ -774,14 +785,33 @@ class TaskStore:
         """Discard a task that has not succeeded; None if it is in no such state."""
         return await self._change(tasks_sql.discard(task_id, self.dialect.now()))
 
-    async def prune(self, before: datetime) -> tuple[int, int]:
-        """Delete tasks finished before `before` and claims made before it; (tasks, claims)."""
+    async def prune(self, before: datetime, batch: int = tasks_sql.PRUNE_BATCH) -> tuple[int, int]:
+        """Delete tasks finished before `before` and claims made before it; (tasks, claims).
+
+        In batches of at most `batch` rows, oldest first, each in a transaction of its own:
+        workers and writers never wait behind a prune for longer than one batch, and an
+        interrupted prune has deleted whole batches only (running it again goes on from there).
+        """
         await self.store.ensure_schema()
-        with self.store.translate():
-            async with self.store.engine.begin() as conn:
-                pruned_tasks = (await conn.execute(tasks_sql.prune_tasks(before))).rowcount
-                pruned_claims = (await conn.execute(tasks_sql.prune_claims(before))).rowcount
-        return int(pruned_tasks or 0), int(pruned_claims or 0)
+        pruned_tasks = 0
+        for state in tasks_sql.FINISHED:
+            pruned_tasks += await self._delete_batches(tasks_sql.prune_tasks(state, before, batch))
+        pruned_claims = await self._delete_batches(tasks_sql.prune_claims(before, batch))
+        return pruned_tasks, pruned_claims
+
+    async def _delete_batches(self, stmt: Any) -> int:
+        """Run a batch DELETE (RETURNING the time of each row deleted), each time in its own
+        transaction and from the newest time the last one deleted, until one deletes nothing;
+        how many rows it deleted in all."""
+        total, since = 0, _EARLIEST
+        while True:
+            with self.store.translate():
+                async with self.store.engine.begin() as conn:
+                    times = (await conn.execute(stmt, {"p_since": since})).scalars().all()
+            if not times:
+                return total
+            total += len(times)
+            since = max(times)
 
     async def count(self) -> dict[str, int]:
         """How many tasks are in each state."""
