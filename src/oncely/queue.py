@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import config
 from .errors import BadInputError, OncelyError, TaskStateError
@@ -48,17 +48,7 @@ def worker(
     return TaskWorker(app.store, app.tasks, options)
 
 
-async def consume(
-    app: Oncely,
-    stopping: asyncio.Event,
-    *,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    lease: float | None = None,
-    queues: list[str] | None = None,
-    batch: int = MAX_BATCH,
-    poll: float = DEFAULT_POLL,
-    pool_size: int = DEFAULT_POOL_SIZE,
-) -> None:
+async def consume(app: Oncely, stopping: asyncio.Event, **options: Any) -> None:
     """Run `app`'s tasks until `stopping` is set and the tasks in flight have ended.
 
     Up to `concurrency` tasks run at once, each in its own transaction on a pool of
@@ -68,15 +58,7 @@ async def consume(
     `poll` is the fallback wake-up interval in seconds. Cancelling the call rolls back the
     tasks in flight and hands them back at once.
     """
-    await worker(
-        app,
-        concurrency=concurrency,
-        lease=lease,
-        queues=queues,
-        batch=batch,
-        poll=poll,
-        pool_size=pool_size,
-    ).consume(stopping)
+    await worker(app, **options).consume(stopping)
 
 
 # -- operations -------------------------------------------------------------------------
