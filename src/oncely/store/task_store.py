@@ -641,6 +641,8 @@ class TaskStore:
         missing id lost its lease)."""
         acks = [s.item for s in settles if s.state is TaskState.SUCCEEDED]
         results = {s.item.id: s.result for s in settles if s.result is not None}
+        for item in acks:  # the seam between work and commit: here, before the ack's statement
+            hooks.before_commit(item.task, str(item.id))  # (which commits itself in autocommit)
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
                 done = await self.ack(conn, acks, results)
@@ -653,9 +655,6 @@ class TaskStore:
                     )
                     if (await conn.execute(stmt)).rowcount:
                         done.add(s.item.id)
-                for item in acks:
-                    if item.id in done:
-                        hooks.before_commit(item.task, str(item.id))
         return done
 
     async def heartbeat(
