@@ -322,7 +322,11 @@ class TaskTransaction:
         self._options = self.dialect.task_options(eager=eager)
         self._conn: AsyncConnection | None = None
         self._driver: Any = None
-        self.session = AsyncSession(sync_session_class=TaskSession, expire_on_commit=False)
+        # Bound to the pool's engine for what a task reads of it (`db.bind.dialect`); its
+        # statements take the connection `connection()` lends (TaskSession.get_bind).
+        self.session = AsyncSession(
+            bind=pool.engine, sync_session_class=TaskSession, expire_on_commit=False
+        )
         self.session.sync_session.info[_TX] = self
 
     def connection(self) -> Connection:
