@@ -203,7 +203,10 @@ class TaskWorker:
                 self._ready.append(item)
             self._dispatch()
             if len(leased) < want:
-                await _first(stopping, self._woken, timeout=options.poll)
+                # Short: nothing more is due, or the rest waits for a limit's room, which a
+                # task of this worker that ends may free: look again then, or when notified.
+                self._room.clear()
+                await _first(stopping, self._woken, self._room, timeout=options.poll)
 
     async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased]:
         options = self.options
