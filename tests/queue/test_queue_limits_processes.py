@@ -58,7 +58,16 @@ def wait_for(engine: sa.Engine, n: int, procs: list[subprocess.Popen[str]], limi
         time.sleep(0.05)
 
 
-def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+def stop_all(procs: list[subprocess.Popen[str]], signals: Path | None = None) -> None:
+    """SIGTERM every live worker, each once it is consuming (`ready-<pid>` in `signals`): a
+    worker replaced just before the end could otherwise get the signal while it starts, before
+    its handler is installed, and die of it (-15) instead of stopping (0)."""
+    if signals is not None:
+        deadline = time.monotonic() + 60
+        for proc in procs:
+            while proc.poll() is None and not (signals / f"ready-{proc.pid}").exists():
+                assert time.monotonic() < deadline, f"worker {proc.pid} never started consuming"
+                time.sleep(0.05)
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -119,7 +128,7 @@ def test_a_concurrency_key_of_1_never_overlaps_4_workers_x_10(
     try:
         wait_for(sync_engine, 400, procs, 240)
     finally:
-        stop_all(procs)
+        stop_all(procs, Path(env["ONCELY_TEST_SIGNALS"]))
     assert_each_ran_once(sync_engine, 400)
     assert_keys_never_overlap(sync_engine)
 
@@ -145,7 +154,7 @@ def test_a_concurrency_key_of_1_never_overlaps_with_a_worker_sigkilled_every_sec
             procs[victim], procs[-1] = procs[-1], procs[victim]
         wait_for(sync_engine, 400, procs[:4], 300)
     finally:
-        stop_all(procs)
+        stop_all(procs, Path(env["ONCELY_TEST_SIGNALS"]))
     assert killed == 12
     assert_each_ran_once(sync_engine, 400)
     assert_keys_never_overlap(sync_engine)
@@ -162,7 +171,7 @@ def test_a_global_limit_of_3_holds_across_4_workers_x_10(
     try:
         wait_for(sync_engine, 150, procs, 240)
     finally:
-        stop_all(procs)
+        stop_all(procs, Path(env["ONCELY_TEST_SIGNALS"]))
     assert_each_ran_once(sync_engine, 150)
     spans = [(s, e) for _, _, s, e in intervals(sync_engine)]
     assert most_at_once(spans) <= 3
@@ -183,7 +192,7 @@ def test_a_global_limit_of_3_holds_with_a_worker_sigkilled_every_second(
             procs[victim] = start(env, "--lease", "1", "--batch", "1")
         wait_for(sync_engine, 150, procs, 300)
     finally:
-        stop_all(procs)
+        stop_all(procs, Path(env["ONCELY_TEST_SIGNALS"]))
     assert_each_ran_once(sync_engine, 150)
     assert most_at_once([(s, e) for _, _, s, e in intervals(sync_engine)]) <= 3
 
@@ -198,7 +207,7 @@ def test_a_rate_of_50_per_second_across_3_workers(
     try:
         wait_for(sync_engine, 300, procs, 240)
     finally:
-        stop_all(procs)
+        stop_all(procs, Path(env["ONCELY_TEST_SIGNALS"]))
     assert_each_ran_once(sync_engine, 300)
     with sync_engine.connect() as conn:
         starts = sorted(
