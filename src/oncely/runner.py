@@ -472,9 +472,14 @@ class Record:
         """Whether this attempt's start can be recorded while it runs (and so cancelled)."""
         return self.store.has_control and self.store.dialect.slot_locks
 
+    def _writable(self) -> bool:
+        """A record is written on a connection of its own: never wait for one that the
+        attempt itself may be holding (a pool with none to spare), skip the record instead."""
+        return self.store.has_spare_connection()
+
     async def start(self) -> None:
         """Record the attempt's start (once, where the database allows it meanwhile)."""
-        if self.id is not None or not self.recordable:
+        if self.id is not None or not self.recordable or not self._writable():
             return
         with contextlib.suppress(OncelyError):
             r = self.request

@@ -144,6 +144,16 @@ class Store:
         checked: `ensure_schema`, `migrate`)."""
         return self._version is not None and self._version >= CONTROL
 
+    def has_spare_connection(self) -> bool:
+        """Whether the engine's pool can lend one more connection without waiting (a pool
+        of a fixed size, e.g. a user's `pool_size=1, max_overflow=0`, may have none while an
+        attempt holds its connection): what a best-effort write outside the attempt asks."""
+        pool = self.engine.sync_engine.pool
+        if not isinstance(pool, QueuePool):
+            return True
+        limit = pool.size() + max(pool._max_overflow, 0) if pool._max_overflow >= 0 else None
+        return limit is None or pool.checkedout() < limit
+
     @property
     def display_url(self) -> str:
         """The database URL with its credentials masked (userinfo and query string)."""
