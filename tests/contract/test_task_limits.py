@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from tests.contract.test_task_store import fetch, heartbeat, lease_in, now, row
@@ -20,31 +19,6 @@ from tests.contract.test_task_store import fetch, heartbeat, lease_in, now, row
 from oncely.schema import tasks
 from oncely.store import Store
 from oncely.store.task_store import Leased, enqueue
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    """A migrated store on the test database (each of them)."""
-    store = Store.from_url(db_url)
-    await store.migrate()
-    try:
-        yield store
-    finally:
-        await store.dispose()
-
-
-@pytest.fixture
-async def pg_store(postgres_database: str) -> AsyncIterator[Store]:
-    """`store` on Postgres alone (its row and advisory locks, its concurrent leasers)."""
-    from tests.conftest import _reset_postgres
-
-    _reset_postgres(postgres_database)
-    store = Store.from_url(postgres_database)
-    await store.migrate()
-    try:
-        yield store
-    finally:
-        await store.dispose()
 
 
 async def put(store: Store, task: str = "t", **limits: Any) -> int:

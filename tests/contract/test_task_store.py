@@ -27,31 +27,6 @@ LONG = 600.0  # seconds: a lease that does not run out during a test
 BY = "contract-worker"
 
 
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    """A migrated store on the test database (each of them)."""
-    store = Store.from_url(db_url)
-    await store.migrate()
-    try:
-        yield store
-    finally:
-        await store.dispose()
-
-
-@pytest.fixture
-async def pg_store(postgres_database: str) -> AsyncIterator[Store]:
-    """`store` on Postgres alone, for what only Postgres has (row locks that others skip)."""
-    from tests.conftest import _reset_postgres
-
-    _reset_postgres(postgres_database)
-    store = Store.from_url(postgres_database)
-    await store.migrate()
-    try:
-        yield store
-    finally:
-        await store.dispose()
-
-
 # -- the store's operations (one call each) -------------------------------------------------
 
 
