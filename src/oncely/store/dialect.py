@@ -73,13 +73,9 @@ class Dialect(abc.ABC):
         return {}
 
     def lane_options(self) -> dict[str, Any]:
-        """`engine_options` for a worker's own long-lived connections (see `durable`)."""
+        """`engine_options` for a worker's own connections (Postgres: commits that do not wait for
+        the disk; a task's transaction asks for a durable commit itself, see `begin_task`)."""
         return {k: v for k, v in self.engine_options().items() if k != "pool_pre_ping"}
-
-    async def durable(self, conn: AsyncConnection) -> None:
-        """Make the open transaction's commit durable on a lane connection (where leases
-        alone may commit without waiting for the disk)."""
-        return None
 
     def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
         """Set up an engine that oncely built itself (not a user's engine)."""

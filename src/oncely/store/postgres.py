@@ -270,14 +270,10 @@ class PostgresDialect(Dialect):
         return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
 
     def lane_options(self) -> dict[str, Any]:
-        # A lease needs no fsync of its own: if the server crashes before it is flushed, the
-        # task is simply leased again; a batch's commit (durable, see `durable`) flushes the
-        # WAL up to and including the leases before it. So a worker picks up a new task
-        # without waiting for the disk, and pays one fsync per batch, for the acks.
+        # A lease, a heartbeat or a rescue needs no fsync of its own: if the server crashes
+        # before it is flushed, the task is simply leased again. A task's own transaction asks
+        # for a durable commit (TASK_BEGIN), which flushes the WAL up to the leases before it.
         return {"connect_args": {"timeout": 10, "server_settings": {"synchronous_commit": "off"}}}
-
-    async def durable(self, conn: AsyncConnection) -> None:
-        await conn.exec_driver_sql("SET LOCAL synchronous_commit TO on")
 
     def sync_driver(self) -> str:
         for module, driver in (
@@ -587,34 +583,46 @@ TASKS_NOTIFY_DDL = (
 
 
 @contextlib.asynccontextmanager
-async def _listen(engine: AsyncEngine, on_notify: Callable[[], None]) -> AsyncIterator[bool]:
-    """LISTEN on a connection of its own; yield False (poll only) if that is not possible."""
-
-    def callback(*_args: Any) -> None:
-        on_notify()
-
+async def _listen_on(
+    engine: AsyncEngine, channel: str, callback: Callable[..., None], what: str | None
+) -> AsyncIterator[bool]:
+    """LISTEN on `channel` on a connection of its own; yield False if that is not possible
+    (logged as a warning naming `what` listens, if given: the caller polls instead)."""
     try:
         conn = await engine.connect()
-    except Exception as exc:  # the worker still polls; its own connections report errors
-        logging.getLogger("oncely").warning("cannot LISTEN for new tasks (%s); polling", exc)
+    except Exception as exc:  # the caller still polls; its own connections report errors
+        if what:
+            logging.getLogger("oncely").warning("cannot LISTEN for %s (%s); polling", what, exc)
         yield False
         return
     driver: Any = None
     try:
         raw = await conn.get_raw_connection()
         driver = raw.driver_connection
-        await driver.add_listener(TASKS_CHANNEL, callback)
+        await driver.add_listener(channel, callback)
     except Exception as exc:
-        logging.getLogger("oncely").warning("cannot LISTEN for new tasks (%s); polling", exc)
+        if what:
+            logging.getLogger("oncely").warning("cannot LISTEN for %s (%s); polling", what, exc)
         driver = None
     try:
         yield driver is not None
     finally:
         if driver is not None:
             with contextlib.suppress(Exception):
-                await driver.remove_listener(TASKS_CHANNEL, callback)
+                await driver.remove_listener(channel, callback)
         with contextlib.suppress(Exception):
             await conn.close()
+
+
+def _listen(
+    engine: AsyncEngine, on_notify: Callable[[], None]
+) -> contextlib.AbstractAsyncContextManager[bool]:
+    """LISTEN for new tasks; yield False (poll only) if that is not possible."""
+
+    def callback(*_args: Any) -> None:
+        on_notify()
+
+    return _listen_on(engine, TASKS_CHANNEL, callback, "new tasks")
 
 
 SLOT_HELD = sa.text(
@@ -628,36 +636,16 @@ CANCEL_CHANNEL = "oncely_cancel"
 """The channel a cancel request wakes the process running the attempt on (payload: its id)."""
 
 
-@contextlib.asynccontextmanager
-async def _listen_cancels(
+def _listen_cancels(
     engine: AsyncEngine, on_notify: Callable[[int], None]
-) -> AsyncIterator[bool]:
+) -> contextlib.AbstractAsyncContextManager[bool]:
     """LISTEN for cancel requests on a connection of its own; yield False if not possible."""
 
     def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
         with contextlib.suppress(ValueError):
             on_notify(int(payload))
 
-    try:
-        conn = await engine.connect()
-    except Exception:  # the runner still polls
-        yield False
-        return
-    driver: Any = None
-    try:
-        raw = await conn.get_raw_connection()
-        driver = raw.driver_connection
-        await driver.add_listener(CANCEL_CHANNEL, callback)
-    except Exception:
-        driver = None
-    try:
-        yield driver is not None
-    finally:
-        if driver is not None:
-            with contextlib.suppress(Exception):
-                await driver.remove_listener(CANCEL_CHANNEL, callback)
-        with contextlib.suppress(Exception):
-            await conn.close()
+    return _listen_on(engine, CANCEL_CHANNEL, callback, None)  # the runner still polls
 
 
 # Enqueue any number of tasks in one round trip: the arguments as one JSON array, the other
