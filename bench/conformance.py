@@ -9,7 +9,7 @@ SIGTERM and matches each expected slot of the run window to the rows:
   extra   duplicate rows + rows off the grid   (must be 0: once per slot)
 
     python bench/conformance.py --database-url postgresql://postgres@127.0.0.1/oncely_soak \
-        --duration 600 --workers 4 --restart-postgres
+        --duration 600 --workers 4 --restart-postgres 15/main
 
 Prints one JSON report on stdout; exits 1 if missed or extra is not 0.
 """
@@ -116,11 +116,12 @@ class Fleet:
         return codes
 
 
-def restart_postgres() -> float:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
+def restart_postgres(cluster: str) -> float:
+    """Restart the Debian cluster VERSION/NAME (the one the database URL points at)."""
+    version, name = cluster.split("/", 1)
     began = time.monotonic()
     subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, "restart"],
         check=True,
         capture_output=True,
     )
@@ -180,7 +181,7 @@ def check(
     workers: int,
     kill_min: float = 2.0,
     kill_max: float = 5.0,
-    restart_pg: bool = False,
+    restart_pg: str | None = None,
     skewed: list[str] | None = None,
     extra_jobs: int = 0,
     seed: int | None = None,
@@ -207,7 +208,7 @@ def check(
         while time.monotonic() - began < duration:
             now = time.monotonic()
             if restart_at is not None and now >= restart_at:
-                pg_restart_s = round(restart_postgres(), 2)
+                pg_restart_s = round(restart_postgres(restart_pg), 2)
                 restart_at = None
             if now >= next_kill and kill_max > 0:
                 normal = [p for p in fleet.alive() if p not in fleet.skewed]
@@ -277,7 +278,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--kill-min", type=float, default=2.0)
     parser.add_argument("--kill-max", type=float, default=5.0, help="0 disables the kills")
-    parser.add_argument("--restart-postgres", action="store_true")
+    parser.add_argument(
+        "--restart-postgres",
+        metavar="VERSION/NAME",
+        help="restart this Debian cluster (pg_lsclusters) once mid-run, e.g. 15/main",
+    )
     parser.add_argument(
         "--skew", action="append", default=[], help="add a worker under faketime -f SKEW, e.g. +90s"
     )

@@ -36,7 +36,6 @@ def _sync_url(url: str) -> str:
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
     """A private Postgres database for this pytest process, as a plain postgresql:// URL."""
-    # pool_pre_ping: the worker conformance test may restart the server mid-session.
     admin = sa.create_engine(
         _sync_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT", pool_pre_ping=True
     )
