@@ -88,10 +88,14 @@ TASKS = {
         "QUEUES": ["default", "mail"],
         "OPTIONS": {
             "DATABASE": alias,
-            # The default policy for the others; three quick attempts for the flaky one.
+            # The default policy for the others; three quick attempts for the flaky ones,
+            # one for the stuck one (its timeout ends it).
             "TASK_RETRY": {
-                "shop.tasks.flaky_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"}
+                "shop.tasks.flaky_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"},
+                "shop.tasks.numbered_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"},
+                "shop.tasks.stuck_receipt": {"attempts": 1},
             },
+            "TASK_TIMEOUT": {"shop.tasks.stuck_receipt": 0.5},
         },
     }
     for alias in ("default", "pg")
