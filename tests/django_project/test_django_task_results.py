@@ -24,7 +24,9 @@ def test_get_result_maps_a_success_a_failure_and_a_pending_task(
 ) -> None:
     from shop.tasks import flaky_receipt, mail_receipt, send_receipt
 
-    sent = send_receipt.using(backend=alias).enqueue(11, using=alias)
+    from oncely.contrib.django import enqueue
+
+    sent = enqueue(send_receipt.using(backend=alias), 11, using=alias, idempotency_key="r:11")
     failed = flaky_receipt.using(backend=alias).enqueue(
         12, str(tmp_path / "always"), using=alias, fail=99
     )
@@ -47,6 +49,10 @@ def test_get_result_maps_a_success_a_failure_and_a_pending_task(
     assert sent.enqueued_at is not None and sent.enqueued_at <= sent.started_at
     assert sent.started_at <= sent.finished_at
     assert send_receipt.using(backend=alias).get_result(sent.id).return_value == 11
+    # Enqueued again with its key after it ran: the same task, already done, not run again.
+    again = enqueue(send_receipt.using(backend=alias), 11, using=alias, idempotency_key="r:11")
+    assert again.id == sent.id and again.status.name == "SUCCESSFUL"
+    assert count(alias, "shop_receipt", "WHERE order_id = 11") == 1
 
     result = flaky_receipt.using(backend=alias).get_result(failed.id)
     assert result.status.name == "FAILED" and result.attempts == 3  # its policy: 3 attempts
@@ -65,6 +71,23 @@ def test_get_result_maps_a_success_a_failure_and_a_pending_task(
     with pytest.raises(ValueError, match="not finished"):
         waiting.return_value  # noqa: B018
     assert count(alias, "shop_receipt", "WHERE order_id = 13") == 0
+
+
+def test_a_task_s_retry_policy_discards_what_it_says_at_once(
+    alias: str, django_project: dict[str, str], stopped: list[subprocess.Popen[str]]
+) -> None:
+    from shop.tasks import declined_receipt
+
+    declined = declined_receipt.using(backend=alias).enqueue(41, using=alias)
+    worker = _worker(django_project, alias)
+    stopped.append(worker)
+    _until(lambda: _states(alias, "discarded") == 1, worker, "the task's discard")
+    _stop(worker)
+    (row,) = _rows(alias)
+    assert row.attempt == 1  # discard_on=[LookupError]: no retry of its 5 attempts
+    assert count(alias, "shop_receipt") == 0  # its work rolled back
+    result = declined_receipt.using(backend=alias).get_result(declined.id)
+    assert result.status.name == "FAILED" and result.errors[0].exception_class is KeyError
 
 
 def test_a_higher_priority_task_is_leased_first(

@@ -57,6 +57,13 @@ def numbered_receipt(context, order_id, marker, using="default", fail=1):
 
 
 @task()
+def declined_receipt(order_id, using="default"):
+    # Its policy discards a LookupError at once (TASK_RETRY's discard_on): no retry.
+    Receipt.objects.using(using).create(order_id=order_id)
+    raise KeyError(f"order {order_id} is gone")
+
+
+@task()
 def stuck_receipt(order_id, using="default", seconds=2.0):
     # Past its timeout (TASK_TIMEOUT): the worker gives the attempt up while it sleeps.
     time.sleep(seconds)
