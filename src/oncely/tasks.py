@@ -37,8 +37,10 @@ from .retry import DEFAULT_POLICY, RetryPolicy
 from .store import Store, task_store
 
 TaskFunc = Callable[..., Awaitable[Any] | Any]
-SyncAttempt = Callable[[Any, Any, Callable[[], dict[str, Any]], Any], "bool | None"]
-"""`attempt(item, ack_statement, ack_params, fence)`: see `TaskRegistry.add`."""
+AckFor = Callable[[Any], tuple[Any, dict[str, Any]]]
+"""`ack(value) -> (statement, parameters)`: the ack of a leased task that returned `value`."""
+SyncAttempt = Callable[[Any, AckFor, Any], "bool | None"]
+"""`attempt(item, ack, fence)`: see `TaskRegistry.add`."""
 KeyFunc = Callable[..., Any]
 """A limit's key: called with the task's keyword arguments at enqueue; a str (or an int)."""
 RESERVED = ("idempotency_key", "run_at", "delay", "priority")
@@ -516,13 +518,15 @@ class TaskRegistry:
         `limits`: `@app.task`'s priority, concurrency, concurrency_key, rate, rate_key and
         max_result (see `check_limits`).
 
-        `attempt` (for integrations): run each attempt with `attempt(item, ack_statement,
-        ack_params, fence)` in a worker thread instead of calling `func(db, **args)` on
-        oncely's session. It must run the task and the ack (`ack_statement` with the
-        parameters `ack_params()` returns, called at the ack: a compare-and-set that matches
-        one row iff the lease is still held) in one transaction of its own, commit only while
-        holding `fence.lock` with `fence.closed` false, and return True (committed), False
-        (the ack matched no row: rolled back) or raise the task's error (rolled back)."""
+        `attempt` (for integrations): run each attempt with `attempt(item, ack, fence)` in a
+        worker thread instead of calling `func(db, **args)` on oncely's session. It must run
+        the task and its ack in one transaction of its own: `ack(value)`, called at the ack
+        with what the task returned, gives the ack's (statement, parameters), a
+        compare-and-set that matches one row iff the lease is still held, storing `value` as
+        the task's result (ResultError if it is not JSON or over `max_result`: the attempt
+        then fails). It commits only while holding `fence.lock` with `fence.closed` false,
+        and returns True (committed), False (the ack matched no row: rolled back) or raises
+        the task's error (rolled back)."""
         task_name = name or getattr(func, "__name__", "")
         if not isinstance(task_name, str) or not _NAME.match(task_name):
             raise ConfigError(

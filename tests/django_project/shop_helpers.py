@@ -30,10 +30,20 @@ def manage(
     env: dict[str, str], alias: str, *args: str, extra: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
     """Start `python manage.py ARGS` of the shop project in a real process, on `alias`."""
+    # It runs in this directory: a relative $PYTHONPATH (`PYTHONPATH=src`) is made absolute,
+    # so that it imports the oncely this process imports, not another one installed.
+    path = os.environ.get("PYTHONPATH", "")
+    absolute = os.pathsep.join(os.path.abspath(p) if p else p for p in path.split(os.pathsep))
     return subprocess.Popen(
         [sys.executable, str(HERE / "manage.py"), *args],
         cwd=HERE,
-        env={**os.environ, **env, "SHOP_DATABASE": alias, **(extra or {})},
+        env={
+            **os.environ,
+            **({"PYTHONPATH": absolute} if path else {}),
+            **env,
+            "SHOP_DATABASE": alias,
+            **(extra or {}),
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

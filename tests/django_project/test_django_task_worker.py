@@ -78,6 +78,16 @@ def test_the_app_registers_the_backend_s_tasks_with_their_queue_and_policy(alias
     assert flaky.attempts == 3 and flaky.base_wait(1) == 0
 
 
+def test_retry_policies_come_from_the_backend_s_options() -> None:
+    from oncely import RetryPolicy
+    from oncely.contrib.django import TaskBackend
+
+    every, one = RetryPolicy(attempts=2), RetryPolicy(attempts=7, discard_on=[LookupError])
+    backend = TaskBackend("x", {"OPTIONS": {"RETRY": every, "TASK_RETRY": {"a.b": one}}})
+    assert backend.retry_policy("a.b") is one and backend.retry_policy("a.c") is every
+    assert TaskBackend("x", {}).retry_policy("a.b") is None  # oncely's default policy
+
+
 def test_a_malformed_retry_setting_is_a_config_error_naming_it() -> None:
     from oncely.contrib.django import TaskBackend
     from oncely.errors import ConfigError

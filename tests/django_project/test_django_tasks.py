@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from shop_helpers import count
 
+from oncely import events
 from oncely.store import dialect_for, tasks_sql
 
 
@@ -44,18 +45,36 @@ def test_a_task_enqueued_in_a_committed_block_is_one_row(alias: str) -> None:
     assert fetched.status.name == "READY" and fetched.args == [5]
 
 
-def test_a_priority_is_refused_and_an_idempotency_key_enqueues_once(alias: str) -> None:
+def test_a_priority_is_the_row_s_and_an_idempotency_key_enqueues_once(alias: str) -> None:
     from shop.tasks import send_receipt
 
     from oncely.contrib.django import enqueue
 
     backend = _backend(alias)
-    with pytest.raises(Exception, match="priority"):
-        backend.enqueue(send_receipt.using(priority=5), [1], {})
+    assert backend.supports_priority
+    high = backend.enqueue(send_receipt.using(priority=100), [1], {})
+    low = backend.enqueue(send_receipt.using(priority=-100), [2], {})
+    assert [(r.id, r.priority) for r in _rows(alias)] == [(int(high.id), 100), (int(low.id), -100)]
+    assert backend.get_result(high.id).task.priority == 100  # read back from the row
+    with pytest.raises(Exception, match="priority"):  # Django's range, checked by Django
+        send_receipt.using(priority=101)
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def observer(event: str, fields: dict[str, Any]) -> None:
+        seen.append((event, fields))
+
     first = enqueue(send_receipt.using(backend=alias), 9, idempotency_key="receipt:9")
-    again = enqueue(send_receipt.using(backend=alias), 9, idempotency_key="receipt:9")
+    events.subscribe(observer)
+    try:
+        again = enqueue(send_receipt.using(backend=alias), 9, idempotency_key="receipt:9")
+    finally:
+        events.unsubscribe(observer)
     assert first.id == again.id
-    assert count(alias, "oncely_tasks") == 1
+    (duplicate,) = [fields for event, fields in seen if event == "task.duplicate"]
+    assert duplicate["idempotency_key"] == "receipt:9" and duplicate["id"] == int(first.id)
+    assert count(alias, "oncely_tasks") == 3
+    other = enqueue(send_receipt.using(backend=alias), 9, idempotency_key="receipt:9b")
+    assert other.id != first.id  # another key, another task
 
 
 def _lease(alias: str, token: str) -> int:

@@ -356,17 +356,18 @@ class TaskWorker:
         fence = Fence()
         call: Callable[[], tuple[bool | None, str | None]]
         hook = task.attempt
+        encode = functools.partial(encode_result, task=task.name, limit=task.limits.max_result)
         if hook is not None:  # an integration's own transaction (Django's)
-            dialect, ack = self.store.dialect, self.store.tasks.ack_statement
+            stored: list[str | None] = [None]
 
-            def params() -> dict[str, Any]:  # read at the ack: SQLite's "now" is the host's
-                return {"p_ids": [item.id], "p_token": item.token, **dialect.now_params()}
+            def ack(value: Any) -> tuple[Any, dict[str, Any]]:  # at the ack: SQLite's "now"
+                stored[0] = encode(value)  # is the host's, read then
+                return self.store.tasks.ack_one(item, stored[0])
 
             def call() -> tuple[bool | None, str | None]:
-                return hook(item, ack, params, fence), None
+                return hook(item, ack, fence), stored[0]
 
         else:
-            encode = functools.partial(encode_result, task=task.name, limit=task.limits.max_result)
             call = functools.partial(
                 run_sync_attempt, self.store.tasks, task.func, item, fence, encode, eager=eager
             )

@@ -8,6 +8,8 @@ import os
 
 from sqlalchemy.engine import make_url
 
+from oncely import RetryPolicy
+
 _PG = make_url(
     os.environ.get("ONCELY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 )
@@ -88,10 +90,17 @@ TASKS = {
         "QUEUES": ["default", "mail"],
         "OPTIONS": {
             "DATABASE": alias,
-            # The default policy for the others; three quick attempts for the flaky one.
+            # The default policy for the others; three quick attempts for the flaky ones,
+            # one for the stuck one (its timeout ends it).
             "TASK_RETRY": {
-                "shop.tasks.flaky_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"}
+                "shop.tasks.flaky_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"},
+                "shop.tasks.numbered_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"},
+                "shop.tasks.stuck_receipt": {"attempts": 1},
+                "shop.tasks.declined_receipt": RetryPolicy(
+                    attempts=5, wait=0, discard_on=[LookupError]
+                ),
             },
+            "TASK_TIMEOUT": {"shop.tasks.stuck_receipt": 0.5},
         },
     }
     for alias in ("default", "pg")

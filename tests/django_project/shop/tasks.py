@@ -43,6 +43,34 @@ def slow_receipt(order_id, using="default", seconds=3.0):
     Receipt.objects.using(using).create(order_id=order_id)
 
 
+@task(takes_context=True)
+def numbered_receipt(context, order_id, marker, using="default", fail=1):
+    # Each attempt writes its number and what its TaskResult says (outside the transaction);
+    # the first `fail` attempts raise after their ORM work, which rolls back with them.
+    result = context.task_result
+    with open(marker, "a") as out:
+        out.write(f"{context.attempt} {result.id} {result.status.name}\n")
+    Receipt.objects.using(using).create(order_id=order_id)
+    if context.attempt <= fail:
+        raise RuntimeError(f"attempt {context.attempt} failed")
+    return {"order": order_id, "attempt": context.attempt}
+
+
+@task()
+def declined_receipt(order_id, using="default"):
+    # Its policy discards a LookupError at once (TASK_RETRY's discard_on): no retry.
+    Receipt.objects.using(using).create(order_id=order_id)
+    raise KeyError(f"order {order_id} is gone")
+
+
+@task()
+def stuck_receipt(order_id, using="default", seconds=2.0):
+    # Past its timeout (TASK_TIMEOUT): the worker gives the attempt up while it sleeps.
+    time.sleep(seconds)
+    Receipt.objects.using(using).create(order_id=order_id)
+    return order_id
+
+
 if os.environ.get("SHOP_KILL_TASK_BEFORE_COMMIT"):
     # A real crash between a task's work (and ack) and its commit: SIGKILL there.
     hooks.add_before_commit(

@@ -84,7 +84,17 @@ def discard(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
 
 @admin.register(TaskRow)
 class TaskRowAdmin(ReadOnly):
-    list_display = ("id", "task", "queue", "state", "attempt", "run_at", "finished_at", "error")
+    list_display = (
+        "id",
+        "task",
+        "queue",
+        "state",
+        "priority",
+        "attempt",
+        "run_at",
+        "finished_at",
+        "error",
+    )
     list_filter = ("state", "queue", "task")
     search_fields = ("task", "idempotency_key")
     readonly_fields = tuple(f.name for f in TaskRow._meta.fields)

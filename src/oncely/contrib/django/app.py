@@ -70,8 +70,8 @@ class Oncely(core.Oncely):
         """Register, as oncely tasks of this app, the `django.tasks` tasks an oncely backend
         validated (after importing the `tasks` modules of INSTALLED_APPS and
         `ONCELY["TASK_MODULES"]`): named by their module path, with their queue and the
-        backend's RetryPolicy, each attempt run by `tasks.attempt` on this app's database.
-        The names registered now (again: none)."""
+        backend's RetryPolicy and timeout, each attempt run by `tasks.attempt` on this
+        app's database. The names registered now (again: none)."""
         from . import tasks as django_tasks
 
         added: list[str] = []
@@ -84,6 +84,7 @@ class Oncely(core.Oncely):
                 name=path,
                 retry=backend.retry_policy(path),
                 queue=task.queue_name,
+                timeout=backend.timeout(path),
                 attempt=functools.partial(django_tasks.attempt, self.alias),
             )
             added.append(path)

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import models
 
 from ...model import TaskRecord, TaskState
+from ...tasks import decode_result
 
 
 class SlotClaim(models.Model):
@@ -54,6 +55,8 @@ class TaskRow(models.Model):
     lease_expires_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(null=True)
     error = models.TextField(null=True)
+    priority = models.IntegerField(default=0)
+    result = models.TextField(null=True)  # JSON text: see `record`
 
     class Meta:
         managed = False
@@ -82,6 +85,8 @@ class TaskRow(models.Model):
                 "locked_by",
                 "lease_expires_at",
                 "error",
+                "priority",
             )
         }
-        return TaskRecord(state=TaskState(self.state), **fields)
+        result = decode_result(self.result)
+        return TaskRecord(state=TaskState(self.state), result=result, **fields)

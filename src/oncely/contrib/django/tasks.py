@@ -5,14 +5,18 @@
 the caller's `transaction.atomic()` when there is one: the task exists iff that block commits
 (no `transaction.on_commit` needed). Outside an atomic block, Django's autocommit commits the
 row at once. `run_attempt` is what a worker calls, in a thread, to run one leased task: the
-task's ORM work and its ack commit together, in one `atomic()` on Django's connection.
+task's ORM work and its ack commit together, in one `atomic()` on Django's connection,
+with what the task returned stored as its result (read back by `get_result`).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import importlib
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections, transaction
@@ -21,19 +25,20 @@ from ... import hooks
 from ...errors import BadInputError, ConfigError, LeaseLostError
 from ...model import TaskRecord, TaskState
 from ...retry import RetryPolicy
-from ...store import borrowed, dialect_for
+from ...store import borrowed
 from ...store.task_store import AttemptGivenUp, Fence
-from ...tasks import check_json, report_enqueued
+from ...tasks import AckFor, check_json, report_enqueued
 from .connection import default_alias, lent
 
 try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django 5.2: the django-tasks backport, the same API
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef, unused-ignore]
     from django_tasks.base import (  # type: ignore[no-redef, unused-ignore]
         Task,
+        TaskContext,
         TaskError,
         TaskResult,
         TaskResultStatus,
@@ -62,16 +67,17 @@ class TaskBackend(BaseTaskBackend):
     OPTIONS: `DATABASE`, the alias whose connection enqueues (default `ONCELY["DATABASE"]`,
     else "default"); `RETRY`, the RetryPolicy of its tasks (a RetryPolicy or a dict of
     RetryPolicy's arguments; default oncely's default policy); `TASK_RETRY`, a policy per
-    task ({module path: policy}). Queue names map to oncely queues; `run_after` to the
-    task's run_at. Priorities are not supported yet (oncely's queue has none): a task with another
-    priority than the default is refused. `get_result` reads the row back: status, times
-    and the last error; return values are not stored yet, so `return_value` is None.
+    task ({module path: policy}); `TIMEOUT` and `TASK_TIMEOUT`, the same for an attempt's
+    timeout (seconds or a timedelta; default none). Queue names map to oncely queues,
+    `run_after` to the row's run_at and `priority` (-100..100) to oncely's priority (higher
+    first). `get_result` reads the row back: status, times, attempts, the last error and
+    the stored return value.
     """
 
     supports_defer = True
     supports_async_task = False
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -90,17 +96,28 @@ class TaskBackend(BaseTaskBackend):
     def retry_policy(self, module_path: str) -> RetryPolicy | None:
         """The task's RetryPolicy from OPTIONS (`TASK_RETRY`, else `RETRY`); None: oncely's
         default policy. ConfigError naming the setting if one is malformed."""
-        per_task = self.options.get("TASK_RETRY", {})
+        policy: RetryPolicy | None = self._option("RETRY", module_path, _policy)
+        return policy
+
+    def timeout(self, module_path: str) -> float | None:
+        """The task's attempt timeout in seconds from OPTIONS (`TASK_TIMEOUT`, else
+        `TIMEOUT`); None: no timeout. ConfigError naming the setting if one is malformed."""
+        seconds: float | None = self._option("TIMEOUT", module_path, _seconds)
+        return seconds
+
+    def _option(self, name: str, module_path: str, parse: Callable[[Any, str], Any]) -> Any:
+        """OPTIONS[`TASK_<name>`][module_path], else OPTIONS[name], parsed; else None."""
+        where = f"TASKS[{self.alias!r}]['OPTIONS']"
+        per_task = self.options.get(f"TASK_{name}", {})
         if not isinstance(per_task, dict):
             raise ConfigError(
-                f"TASKS[{self.alias!r}]['OPTIONS']['TASK_RETRY'] must be a dict of module "
-                f"path to RetryPolicy, got {type(per_task).__name__}"
+                f"{where}['TASK_{name}'] must be a dict of module path to value, got "
+                f"{type(per_task).__name__}"
             )
         if module_path in per_task:
-            where = f"TASKS[{self.alias!r}]['OPTIONS']['TASK_RETRY'][{module_path!r}]"
-            return _policy(per_task[module_path], where)
-        if "RETRY" in self.options:
-            return _policy(self.options["RETRY"], f"TASKS[{self.alias!r}]['OPTIONS']['RETRY']")
+            return parse(per_task[module_path], f"{where}['TASK_{name}'][{module_path!r}]")
+        if name in self.options:
+            return parse(self.options[name], f"{where}[{name!r}]")
         return None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any, **extra: Any) -> TaskResult:
@@ -121,6 +138,7 @@ class TaskBackend(BaseTaskBackend):
             "args": payload,
             "idempotency_key": idempotency_key,
             "run_at": task.run_after,
+            "priority": task.priority,  # Django's -100..100, higher first: as oncely's
         }
         with _atomic(self.database), lent(self.database, f"{task.module_path}.enqueue()") as conn:
             (record,) = borrowed.enqueue(conn, [entry])
@@ -128,7 +146,9 @@ class TaskBackend(BaseTaskBackend):
         return self._result(task, record)
 
     def get_result(self, result_id: str) -> TaskResult:
-        """The task's row as a TaskResult (no return value: see the class docstring)."""
+        """The task's row as a TaskResult: its status, times, attempts, last error and (once
+        it succeeded) the value it returned. TaskResultDoesNotExist if there is no such
+        row (never enqueued, or pruned)."""
         from .models import TaskRow
 
         try:
@@ -144,7 +164,9 @@ class TaskBackend(BaseTaskBackend):
     def _result(self, task: Task, record: TaskRecord) -> TaskResult:
         call = record.args if isinstance(record.args, dict) else {}
         result = TaskResult(
-            task=task.using(queue_name=record.queue, run_after=record.run_at),
+            task=task.using(
+                queue_name=record.queue, run_after=record.run_at, priority=record.priority
+            ),
             id=str(record.id),
             status=_STATUS[record.state],
             enqueued_at=record.created_at,
@@ -155,8 +177,10 @@ class TaskBackend(BaseTaskBackend):
             kwargs=dict(call.get(KWARGS, {})),  # type: ignore[call-overload]
             backend=self.alias,
             errors=_errors(record),
-            worker_ids=[record.locked_by] if record.locked_by else [],
+            worker_ids=_worker_ids(record),
         )
+        if record.state is TaskState.SUCCEEDED:  # Django's field for it is not an argument
+            object.__setattr__(result, "_return_value", record.result)
         return result
 
 
@@ -175,13 +199,37 @@ def _policy(value: Any, where: str) -> RetryPolicy:
     )
 
 
+def _seconds(value: Any, where: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise ConfigError(f"{where} must be a number of seconds > 0 or a timedelta, got {value!r}")
+    return float(seconds)
+
+
 def _errors(record: TaskRecord) -> list[TaskError]:
     """The row's last error (`Type: message`, then its traceback) as Django's TaskError: the
-    only one kept (oncely records the last attempt's error, not each one)."""
+    only one kept (oncely records the last attempt's error, not each one). Its class path
+    is the traceback's last line's (`module.Class`; `builtins.` for a built-in one)."""
     if not record.error:
         return []
-    kind = record.error.split(":", 1)[0].strip()
+    kind = record.error.split(":", 1)[0].strip()  # the class's name
+    named = re.compile(rf"^((?:\w+\.)*{re.escape(kind)})(?::|$)")
+    for line in reversed(record.error.splitlines()):  # the traceback's `module.Class: ...`
+        found = named.match(line)
+        if found and "." in found.group(1):
+            kind = found.group(1)
+            break
+    if "." not in kind and isinstance(getattr(builtins, kind, None), type):
+        kind = f"builtins.{kind}"
     return [TaskError(exception_class_path=kind, traceback=record.error)]
+
+
+def _worker_ids(record: TaskRecord) -> list[str]:
+    """One entry per attempt begun (Django's `attempts` counts them): the last one's worker
+    last; oncely does not keep the workers of the earlier ones (empty strings)."""
+    if record.attempt <= 0:
+        return []
+    return [""] * (record.attempt - 1) + [record.locked_by or ""]
 
 
 def enqueue(
@@ -247,16 +295,33 @@ def run_attempt(
     rolls everything back and raises AttemptGivenUp. `hooks.before_commit(func_path,
     str(task_id))` is called just before the commit, as for oncely's own tasks.
     """
+
+    def ack(value: Any) -> tuple[Any, Any]:
+        return ack_sql, (ack_params() if callable(ack_params) else ack_params)
+
+    target = _import(func_path)
+    func = target.func if isinstance(target, Task) else target
+    return _run(alias, func_path, lambda: func(*args, **kwargs), ack, fence, task_id)
+
+
+def _run(
+    alias: str,
+    func_path: str,
+    call: Callable[[], Any],
+    ack: Callable[[Any], tuple[Any, Any]],
+    fence: Fence | None,
+    task_id: int | None,
+) -> Any:
+    """`call()` and then its ack, `ack(value)`'s statement and parameters, in one atomic
+    block on `alias` (see `run_attempt`)."""
     _close_stale(alias)
     held = False
     try:
-        target = _import(func_path)
-        func = target.func if isinstance(target, Task) else target
         with transaction.atomic(using=alias):
-            value = func(*args, **kwargs)
+            value = call()
             with lent(alias, f"the ack of {func_path}") as conn:
-                params = ack_params() if callable(ack_params) else ack_params
-                result = borrowed.execute(conn, ack_sql, params)
+                statement, params = ack(value)
+                result = borrowed.execute(conn, statement, params)
                 matched = len(result.all()) if result.returns_rows else result.rowcount
             if not matched:
                 raise _AckMatchedNoRow(
@@ -283,22 +348,24 @@ class _AckMatchedNoRow(LeaseLostError):
     """run_attempt's own LeaseLostError (not one the task raised)."""
 
 
-def attempt(alias: str, item: Any, ack_sql: Any, ack_params: Any, fence: Fence) -> bool:
+def attempt(alias: str, item: Any, ack: AckFor, fence: Fence) -> bool:
     """The worker's attempt at a leased Django task (`TaskRegistry.add(attempt=...)`): the
-    row's call on Django's connection `alias` with its ack, committed under `fence`. True
-    if it committed, False if its lease was lost (rolled back); the task's error is raised."""
+    row's call on Django's connection `alias` with its ack (`ack(value)`: storing what it
+    returned), committed under `fence`. True if it committed, False if its lease was lost
+    (rolled back); the task's error is raised. A task with `takes_context` is handed its
+    TaskContext first: its TaskResult as the row says now (RUNNING, this attempt's number)."""
     call = item.args if isinstance(item.args, dict) else {}
     args, kwargs = call.get(ARGS, []), call.get(KWARGS, {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise BadInputError(f"task {item.id}: its args are not a Django task's call")
-    vendor = connections[alias].vendor
-
-    def params() -> Any:  # the clock read at the ack (SQLite's), not when the attempt began
-        given = ack_params() if callable(ack_params) else ack_params
-        return {**given, **dialect_for(vendor).now_params()}
-
+    target = _import(item.task)
+    func = target.func if isinstance(target, Task) else target
+    if isinstance(target, Task) and target.takes_context:
+        _close_stale(alias)
+        context = TaskContext(task_result=backend_for(target, alias).get_result(str(item.id)))
+        args = [context, *args]
     try:
-        run_attempt(alias, item.task, args, kwargs, ack_sql, params, fence=fence, task_id=item.id)
+        _run(alias, item.task, lambda: func(*args, **kwargs), ack, fence, item.id)
     except _AckMatchedNoRow:
         return False
     return True
