@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from . import clock, config, events, queue
+from . import clock, config, events
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
 from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedError
 from .explain import explain_slot, explain_task
@@ -31,7 +31,6 @@ from .model import (
     TaskRecord,
     TaskState,
 )
-from .queue import DEFAULT_CONCURRENCY
 from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import run_slot
@@ -39,7 +38,9 @@ from .schedule import Schedule
 from .store import Store
 from .store.control import Action
 from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
-from .worker import DEFAULT_SHUTDOWN_TIMEOUT
+from .work import supervisor
+from .work.options import WorkerOptions
+from .work.tasks import ANNOUNCE_EVERY, TaskWorker
 
 F = TypeVar("F", bound=JobFunc)
 
@@ -49,7 +50,7 @@ DEFAULT_MAX_SLOTS = 1000
 BACKFILL_PATIENCE = 60.0
 """Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,
 overlap="skip") before it reports it as such and moves on."""
-DEFAULT_LEASE = 30.0
+DEFAULT_LEASE = config.LEASE
 """Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
 
@@ -229,11 +230,11 @@ class Oncely:
         self,
         *,
         jobs: Sequence[str] | None = None,
-        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        shutdown_timeout: float = config.SHUTDOWN_TIMEOUT,
         stopping: asyncio.Event | None = None,
         handle_signals: bool = False,
         startup_wait: float = config.STARTUP_WAIT,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        concurrency: int = config.CONCURRENCY,
         lease: float | None = None,
         queues: list[str] | None = None,
         pool_size: int = config.POOL_SIZE,
@@ -249,20 +250,22 @@ class Oncely:
         each in its own transaction on a pool of `pool_size` connections, leased for `lease`
         seconds (default `Oncely(lease=...)`), from `queues` (default: all).
         """
-        from . import worker
-
-        selected = [self.registry.job(name) for name in jobs] if jobs is not None else None
-        await worker.serve(
-            self,
-            stopping or asyncio.Event(),
-            jobs=selected,
+        options = self._options(
+            jobs=jobs,
             shutdown_timeout=shutdown_timeout,
             startup_wait=startup_wait,
-            handle_signals=handle_signals,
             concurrency=concurrency,
             lease=lease,
             queues=queues,
             pool_size=pool_size,
+        )
+        await supervisor.serve(
+            self.store,
+            self.registry,
+            self.tasks,
+            stopping or asyncio.Event(),
+            options,
+            handle_signals=handle_signals,
         )
 
     @contextlib.asynccontextmanager
@@ -279,6 +282,31 @@ class Oncely:
         finally:
             stopping.set()
             await task
+
+    def task_worker(self, **options: Any) -> TaskWorker:
+        """A task worker for this app's tasks, built from its store, its task registry and
+        `options` (WorkerOptions' fields: concurrency, lease, queues, batch, poll, pool_size;
+        `lease` defaults to `Oncely(lease=...)`). `consume` runs one; its `step` runs once."""
+        built = self._options(**options)
+        if built.concurrency < 1:
+            raise BadInputError(f"concurrency must be an integer >= 1, got {built.concurrency!r}")
+        return TaskWorker(self.store, self.tasks, built)
+
+    async def consume(self, stopping: asyncio.Event, **options: Any) -> None:
+        """Run this app's tasks (no jobs) until `stopping` is set and the tasks in flight ended.
+
+        Up to `concurrency` tasks run at once, each in its own transaction on a pool of
+        `pool_size` connections (taken at a task's first statement, given back at its commit);
+        `lease` (default `Oncely(lease=...)`) is how long a silent worker keeps its tasks;
+        `queues` limits which queues it serves (default all); `batch` caps the tasks leased in
+        one statement; `poll` is the fallback wake-up interval in seconds. Cancelling the call
+        rolls back the tasks in flight and hands them back at once.
+        """
+        await self.task_worker(**options).consume(stopping)
+
+    def _options(self, *, lease: float | None = None, **options: Any) -> WorkerOptions:
+        """A worker's options from keyword arguments; the lease defaults to the app's."""
+        return WorkerOptions.of(lease=self.lease if lease is None else lease, **options)
 
     # -- once-per-key effects, for any caller --------------------------------------------
 
@@ -353,7 +381,12 @@ class Oncely:
         self, state: TaskState | None = None, task: str | None = None, limit: int = 50
     ) -> list[TaskRecord]:
         """Tasks newest first, optionally of one state and one task name."""
-        return await queue.list_tasks(self, state, task, limit)
+        return await self.store.tasks.listing(state, task, limit)
+
+    async def unrunnable_tasks(self) -> dict[str, int] | None:
+        """Available tasks that no live worker leases (none registers their name), by name, with
+        how many wait; None if no worker is live (or this database does not record workers)."""
+        return await self.store.tasks.unrunnable(3 * ANNOUNCE_EVERY)
 
     async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
         """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not

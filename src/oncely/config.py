@@ -17,6 +17,8 @@ concurrency): a running task's successor does not wait for a lease."""
 POLL = 1.0
 """Seconds between a worker's looks for due tasks when no notification wakes it."""
 SHUTDOWN_TIMEOUT = 25.0
-"""Seconds a stopping worker waits for running attempts before it cancels them."""
+"""Seconds a stopping worker waits for running attempts before it cancels them (rolled back,
+tasks handed back): inside Kubernetes' default 30 s grace period, with room to spare for the
+hand-back and the exit before SIGKILL."""
 STARTUP_WAIT = 60.0
 """Seconds a starting worker waits for the database to come up before it gives up."""

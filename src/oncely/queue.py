@@ -1,23 +1,22 @@
-"""The task queue's entry points: `consume` (run a worker) and the operator's functions.
+"""The task queue's functions of 0.1.0, which take an app; new code calls `Oncely`'s methods.
 
-The worker itself is `oncely.work.tasks.TaskWorker`: each task runs in a transaction of its
-own on a bounded pool, its work and its ack committed together (see docs/tasks.md).
+The worker itself is `oncely.work.tasks.TaskWorker`, built by `Oncely.task_worker` from the
+app's store, its task registry and a WorkerOptions: each task runs in a transaction of its own
+on a bounded pool, its work and its ack committed together (see docs/tasks.md). This module
+sits above the app and does not import it: it takes any object with the methods it calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import config
 from .errors import BadInputError, OncelyError, TaskStateError
 from .model import TaskRecord, TaskState
-from .work.options import WorkerOptions
-from .work.tasks import ANNOUNCE_EVERY, TaskWorker
-
-if TYPE_CHECKING:
-    from .app import Oncely
+from .store import Store
+from .work.tasks import TaskWorker
 
 DEFAULT_LEASE = config.LEASE
 DEFAULT_CONCURRENCY = config.CONCURRENCY
@@ -26,61 +25,58 @@ MAX_BATCH = config.BATCH
 DEFAULT_POLL = config.POLL
 
 
-def worker(
-    app: Oncely,
-    *,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    lease: float | None = None,
-    queues: list[str] | None = None,
-    batch: int = MAX_BATCH,
-    poll: float = DEFAULT_POLL,
-    pool_size: int = DEFAULT_POOL_SIZE,
-) -> TaskWorker:
-    """A task worker for `app`'s tasks (`lease` defaults to `app.lease`)."""
-    options = WorkerOptions.of(
-        concurrency=concurrency,
-        lease=lease if lease is not None else app.lease,
-        queues=queues,
-        batch=batch,
-        poll=poll,
-        pool_size=pool_size,
-    )
-    return TaskWorker(app.store, app.tasks, options)
+class App(Protocol):
+    """What these functions use of an `Oncely`."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def task_worker(self, **options: Any) -> TaskWorker: ...
+
+    async def consume(self, stopping: asyncio.Event, **options: Any) -> None: ...
+
+    async def list_tasks(
+        self, state: TaskState | None = None, task: str | None = None, limit: int = 50
+    ) -> list[TaskRecord]: ...
+
+    async def unrunnable_tasks(self) -> dict[str, int] | None: ...
 
 
-async def consume(app: Oncely, stopping: asyncio.Event, **options: Any) -> None:
-    """Run `app`'s tasks until `stopping` is set and the tasks in flight have ended.
+def worker(app: App, **options: Any) -> TaskWorker:
+    """A task worker for `app`'s tasks: `app.task_worker(**options)` (concurrency, lease,
+    queues, batch, poll, pool_size; `lease` defaults to `app.lease`)."""
+    return app.task_worker(**options)
 
-    Up to `concurrency` tasks run at once, each in its own transaction on a pool of
-    `pool_size` connections (taken at a task's first statement, given back at its commit);
-    `lease` (default `app.lease`) is how long a silent worker keeps its tasks; `queues` limits
-    which queues it serves (default all); `batch` caps the tasks leased in one statement;
-    `poll` is the fallback wake-up interval in seconds. Cancelling the call rolls back the
-    tasks in flight and hands them back at once.
-    """
-    await worker(app, **options).consume(stopping)
+
+async def consume(app: App, stopping: asyncio.Event, **options: Any) -> None:
+    """Run `app`'s tasks until `stopping` is set and the tasks in flight have ended:
+    `app.consume(stopping, **options)`."""
+    await app.consume(stopping, **options)
 
 
 # -- operations -------------------------------------------------------------------------
 
 
 async def list_tasks(
-    app: Oncely,
+    app: App,
     state: TaskState | None = None,
     task: str | None = None,
     limit: int = 50,
 ) -> list[TaskRecord]:
-    """Tasks newest first, optionally of one state and one task."""
-    return await app.store.tasks.listing(state, task, limit)
+    """Tasks newest first, optionally of one state and one task: `app.list_tasks`."""
+    return await app.list_tasks(state, task, limit)
 
 
-async def unrunnable(app: Oncely) -> dict[str, int] | None:
-    """Available tasks that no live worker leases (none registers their name), by name, with
-    how many wait; None if no worker is live (or this database does not record workers)."""
-    return await app.store.tasks.unrunnable(3 * ANNOUNCE_EVERY)
+async def unrunnable(app: App) -> dict[str, int] | None:
+    """Available tasks that no live worker leases, by name: `app.unrunnable_tasks()`."""
+    return await app.unrunnable_tasks()
 
 
-async def retry_task(app: Oncely, task_id: int) -> TaskRecord:
+# The three below write no audit row (as in 0.1.0); `Oncely.retry_task`, `discard_task` and
+# `prune`, which the CLI calls, write one.
+
+
+async def retry_task(app: App, task_id: int) -> TaskRecord:
     """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
     rec = await app.store.tasks.retry_now(task_id)
     if rec is None:
@@ -90,7 +86,7 @@ async def retry_task(app: Oncely, task_id: int) -> TaskRecord:
     return rec
 
 
-async def discard_task(app: Oncely, task_id: int) -> TaskRecord:
+async def discard_task(app: App, task_id: int) -> TaskRecord:
     """Discard a task that has not succeeded; a running attempt of it then rolls back."""
     rec = await app.store.tasks.discard(task_id)
     if rec is None:
@@ -108,7 +104,7 @@ def _state_error(rec: TaskRecord | None, task_id: int, what: str, allowed: str) 
     )
 
 
-async def prune(app: Oncely, older_than: timedelta, now: datetime | None = None) -> tuple[int, int]:
+async def prune(app: App, older_than: timedelta, now: datetime | None = None) -> tuple[int, int]:
     """Delete tasks finished, and slot claims made, more than `older_than` ago.
 
     A claim is what stops a slot from running twice: prune only claims older than the longest

@@ -1,8 +1,8 @@
 """What is due, and what to do about it: the worker's pure decisions, with no I/O and no sleeps.
 
-The worker (worker.py) hands this module the time and what the ledger says; it answers with
-actions: run these slots, these slots were missed, this slot overlaps a running one. Tests
-drive it with an injected clock.
+The scheduled-job loop (work/jobs.py) hands this module the time and what the ledger says; it
+answers with actions: run these slots, these slots were missed, this slot overlaps a running
+one. Tests drive it with an injected clock.
 
 Per job the scheduler keeps a *floor*: every slot at or before it is settled (run, handed to a
 run, skipped, or reported missed). The floor starts from the ledger, never from memory: the

@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from .. import queue
 from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
 from ..model import TaskRecord, TaskState
@@ -122,8 +121,8 @@ def _list(
     obj: Context, state: str | None, task_name: str | None, limit: int, as_json: bool
 ) -> None:
     wanted = TaskState(state) if state else None
-    records = obj.call(lambda app: queue.list_tasks(app, wanted, task_name, limit))
-    stranded = obj.call(queue.unrunnable) or {}
+    records = obj.call(lambda app: app.list_tasks(wanted, task_name, limit))
+    stranded = obj.call(lambda app: app.unrunnable_tasks()) or {}
     if as_json:
         click.echo(render.dumps([render.task_dict(r) for r in records]))
     else:

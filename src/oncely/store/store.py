@@ -95,8 +95,9 @@ class Store:
         return cls(engine, owns_engine=True)
 
     def dedicated_engine(self) -> AsyncEngine:
-        """An engine whose connections are opened for one holder each (a worker's lanes, which
-        keep theirs for their lifetime); a user's own engine is shared as it is."""
+        """An engine whose connections are opened for one holder each (a worker's listener,
+        which keeps its own for its lifetime; a lost COMMIT's read-back, which must not read
+        on a pooled one); a user's own engine is shared as it is."""
         if not self._owns_engine:
             return self.engine
         engine = create_async_engine(

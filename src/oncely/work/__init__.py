@@ -1,2 +1,2 @@
-"""What runs tasks: the task worker and its parts, each handed the store, the task registry
-and a WorkerOptions, never the app."""
+"""What runs: the supervisor, the scheduled-job loop and the task worker with its parts, each
+handed the store, the registries (jobs, tasks) and a WorkerOptions, never the app."""

@@ -18,16 +18,21 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
-def _count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
+def _count(name: str, value: int, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise BadInputError(f"{name} must be an integer >= {least}, got {value!r}")
     return value
 
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """A worker's settings; every default is `oncely.config`'s."""
+    """A worker's settings; every default is `oncely.config`'s.
 
+    `jobs` names the jobs the scheduled-job loop runs (None: every registered job; empty:
+    none); `concurrency` is the tasks run at once (0: this worker runs no tasks).
+    """
+
+    jobs: tuple[str, ...] | None = None
     concurrency: int = config.CONCURRENCY
     lease: float = config.LEASE
     queues: tuple[str, ...] | None = None
@@ -38,33 +43,41 @@ class WorkerOptions:
     startup_wait: float = config.STARTUP_WAIT
 
     def __post_init__(self) -> None:
-        _count("concurrency", self.concurrency)
+        _count("concurrency", self.concurrency, least=0)
         _count("batch", self.batch)
         _count("pool_size", self.pool_size)
         object.__setattr__(self, "lease", _positive("the lease", self.lease))
         object.__setattr__(self, "poll", _positive("poll", self.poll))
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(self.queues) or None)
+        if self.jobs is not None:
+            object.__setattr__(self, "jobs", tuple(self.jobs))
 
     @classmethod
     def of(
         cls,
         *,
+        jobs: Sequence[str] | None = None,
         concurrency: int = config.CONCURRENCY,
         lease: float | None = None,
         queues: Sequence[str] | None = None,
         batch: int = config.BATCH,
         poll: float = config.POLL,
         pool_size: int = config.POOL_SIZE,
+        shutdown_timeout: float = config.SHUTDOWN_TIMEOUT,
+        startup_wait: float = config.STARTUP_WAIT,
     ) -> WorkerOptions:
         """Options from keyword arguments where None means the default."""
         return cls(
+            jobs=tuple(jobs) if jobs is not None else None,
             concurrency=concurrency,
             lease=config.LEASE if lease is None else lease,
             queues=tuple(queues) if queues else None,
             batch=batch,
             poll=poll,
             pool_size=pool_size,
+            shutdown_timeout=shutdown_timeout,
+            startup_wait=startup_wait,
         )
 
     @property

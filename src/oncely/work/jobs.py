@@ -1,13 +1,11 @@
-"""The worker loop: sleep until the earliest slot is due, run it through the runner, repeat.
+"""The scheduled-job loop: sleep until the earliest slot is due, run it through the runner, repeat.
 
 Every replica can run it: there is no leader, the slot claim decides who runs each slot. The
 decisions (what is due, catch-up, overlap, busy retries) are scheduler.py's; this module does
 the I/O around them: the clock, the ledger, attempts as asyncio tasks, database outages
 (capped, jittered backoff, never dying) and a graceful shutdown (stop taking slots, let the
 running attempts finish within `shutdown_timeout`, then cancel them: they roll back).
-
-`serve()` runs the worker's components under one stop event; the scheduled-job loop is one
-of them, and other long-running components (the task queue) join the same list.
+The supervisor (`oncely.work.supervisor`) runs it beside the task worker under one stop event.
 """
 
 from __future__ import annotations
@@ -16,24 +14,20 @@ import asyncio
 import contextlib
 import logging
 import random
-import signal
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
 
-from . import clock, config, events, queue
-from .errors import ConfigError, DatabaseUnavailableError, OncelyError
-from .identity import replica_id
-from .model import Pause, RunStatus
-from .registry import Job
-from .runner import paused, run_slot
-from .scheduler import Missed, OverlapSkipped, Run, Scheduler
-from .work.tasks import TaskWorker
-
-if TYPE_CHECKING:
-    from .app import Oncely
+from .. import clock, events
+from ..errors import ConfigError, DatabaseUnavailableError, OncelyError
+from ..identity import replica_id
+from ..model import Pause, RunStatus
+from ..registry import Job
+from ..runner import paused, run_slot
+from ..scheduler import Missed, OverlapSkipped, Run, Scheduler
+from ..store import Store
+from .options import WorkerOptions
 
 MAX_SLEEP = 30.0
 """The longest the loop sleeps without looking at the clock again (guards against clock jumps)."""
@@ -41,12 +35,6 @@ OUTAGE_BACKOFF_FIRST = 0.25
 """Seconds before the first retry after the database became unreachable; doubles each time."""
 OUTAGE_BACKOFF_MAX = 5.0
 """The longest wait between two tries while the database is unreachable (before jitter)."""
-DEFAULT_SHUTDOWN_TIMEOUT = config.SHUTDOWN_TIMEOUT
-"""Seconds running attempts get to finish after SIGTERM before they are cancelled (rolled
-back, tasks handed back): inside Kubernetes' default 30 s grace period, with room to spare
-for the hand-back and the exit before SIGKILL."""
-DEFAULT_STARTUP_WAIT = config.STARTUP_WAIT
-"""Seconds a starting worker waits for an unreachable database before giving up (exit 2)."""
 CLOCK_CHECK_EVERY = 60.0
 """Seconds between two readings of the database's clock (slots come due by it)."""
 CLOCK_REPORT_DRIFT = timedelta(milliseconds=500)
@@ -63,25 +51,24 @@ class _Outage:
 
 
 class JobWorker:
-    """Runs the due slots of some jobs until `stopping` is set."""
+    """Runs the due slots of `jobs` from a store until `stopping` is set (`options` gives
+    its `shutdown_timeout` and `startup_wait`; `now` is this host's clock)."""
 
     def __init__(
         self,
-        app: Oncely,
+        store: Store,
+        jobs: Iterable[Job],
         stopping: asyncio.Event,
+        options: WorkerOptions,
         *,
-        jobs: Iterable[Job] | None = None,
-        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-        startup_wait: float = DEFAULT_STARTUP_WAIT,
         now: Clock = clock.utcnow,
         replica: str | None = None,
     ) -> None:
-        self.app = app
-        self.store = app.store
+        self.store = store
         self.stopping = stopping
-        self.jobs = list(jobs if jobs is not None else app.registry)
-        self.shutdown_timeout = shutdown_timeout
-        self.startup_wait = startup_wait
+        self.jobs = list(jobs)
+        self.shutdown_timeout = options.shutdown_timeout
+        self.startup_wait = options.startup_wait
         self._local_now = now
         self._offset = timedelta(0)
         self._offset_read_at: float | None = None
@@ -370,7 +357,7 @@ class JobWorker:
 
     async def _shutdown(self) -> None:
         """Let running attempts finish within `shutdown_timeout`, then cancel them (the
-        worker's last event, `worker.shutdown`, is serve()'s, once every component stopped)."""
+        worker's last event, `worker.shutdown`, is the supervisor's, once every part stopped)."""
         running = set(self._tasks)
         cancelled = 0
         if running:
@@ -421,194 +408,3 @@ def _emit_overlap(skipped: OverlapSkipped, replica: str) -> None:
         running=skipped.running.isoformat() if skipped.running else None,
         replica=replica,
     )
-
-
-# -- running the worker's components ---------------------------------------------------------
-
-
-def components(
-    app: Oncely,
-    stopping: asyncio.Event,
-    *,
-    jobs: Iterable[Job] | None = None,
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    startup_wait: float = DEFAULT_STARTUP_WAIT,
-    concurrency: int = queue.DEFAULT_CONCURRENCY,
-    lease: float | None = None,
-    queues: list[str] | None = None,
-    pool_size: int = queue.DEFAULT_POOL_SIZE,
-) -> list[Coroutine[Any, Any, None]]:
-    """The long-running parts of a worker, all stopped by the same event.
-
-    The scheduled-job loop runs the selected jobs; the task queue's consumer runs the app's
-    tasks (`concurrency` at once, on `pool_size` connections; 0 turns it off) with the same
-    graceful stop.
-    """
-    return _Parts(
-        app,
-        stopping,
-        jobs=jobs,
-        shutdown_timeout=shutdown_timeout,
-        startup_wait=startup_wait,
-        concurrency=concurrency,
-        lease=lease,
-        queues=queues,
-        pool_size=pool_size,
-    ).parts
-
-
-class _Parts:
-    """A worker's components, kept to report what the shutdown did once they all stopped."""
-
-    def __init__(
-        self,
-        app: Oncely,
-        stopping: asyncio.Event,
-        *,
-        jobs: Iterable[Job] | None,
-        shutdown_timeout: float,
-        startup_wait: float,
-        concurrency: int,
-        lease: float | None,
-        queues: list[str] | None,
-        pool_size: int = queue.DEFAULT_POOL_SIZE,
-    ) -> None:
-        self.parts: list[Coroutine[Any, Any, None]] = []
-        self.loop: JobWorker | None = None
-        self.consumer: TaskWorker | None = None
-        selected = list(jobs) if jobs is not None else list(app.registry)
-        if selected:
-            self.loop = JobWorker(
-                app,
-                stopping,
-                jobs=selected,
-                shutdown_timeout=shutdown_timeout,
-                startup_wait=startup_wait,
-            )
-            self.parts.append(self.loop.run())
-        if len(app.tasks) and concurrency > 0:
-            self.consumer = queue.worker(
-                app, concurrency=concurrency, lease=lease, queues=queues, pool_size=pool_size
-            )
-            consume = self.consumer.consume(stopping)
-            self.parts.append(_stops_within(consume, stopping, shutdown_timeout))
-
-    def report(self, stopped_at: float | None) -> None:
-        """The worker's last event: what was running at the stop and what was cancelled."""
-        loop, consumer = self.loop, self.consumer
-        events.emit(
-            "worker.shutdown",
-            "worker stopped",
-            replica=loop.replica if loop is not None else replica_id(),
-            waited_for=loop.waited_for if loop is not None else 0,
-            cancelled=(loop.cancelled if loop is not None else 0)
-            + (consumer.handed_back if consumer is not None else 0),
-            duration_ms=round((time.monotonic() - stopped_at) * 1000, 1)
-            if stopped_at is not None
-            else 0.0,
-        )
-
-
-async def _stops_within(
-    part: Coroutine[Any, Any, None], stopping: asyncio.Event, timeout: float
-) -> None:
-    """Run `part`; once `stopping` is set, give it `timeout` seconds, then cancel it."""
-    task = asyncio.create_task(part)
-    stop = asyncio.create_task(stopping.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            done, _ = await asyncio.wait({task}, timeout=timeout)
-            if not done:
-                events.emit(
-                    "worker.cancelling",
-                    "shutdown timeout reached; cancelling running tasks (rolled back)",
-                    level=logging.WARNING,
-                    replica=replica_id(),
-                )
-                task.cancel()
-        await task
-    finally:
-        stop.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
-async def serve(
-    app: Oncely,
-    stopping: asyncio.Event,
-    *,
-    jobs: Iterable[Job] | None = None,
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    startup_wait: float = DEFAULT_STARTUP_WAIT,
-    handle_signals: bool = False,
-    concurrency: int = queue.DEFAULT_CONCURRENCY,
-    lease: float | None = None,
-    queues: list[str] | None = None,
-    pool_size: int = queue.DEFAULT_POOL_SIZE,
-) -> None:
-    """Run every component until `stopping` is set (or SIGTERM/SIGINT, with handle_signals)."""
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    if handle_signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, _on_signal, stopping, sig)
-                installed.append(sig)
-    parts = _Parts(
-        app,
-        stopping,
-        jobs=jobs,
-        shutdown_timeout=shutdown_timeout,
-        startup_wait=startup_wait,
-        concurrency=concurrency,
-        lease=lease,
-        queues=queues,
-        pool_size=pool_size,
-    )
-    tasks = [asyncio.create_task(part) for part in parts.parts]
-    stopped_at: list[float] = []
-    watch = asyncio.create_task(_when_set(stopping, stopped_at))
-    try:
-        await _until_all_done_or_one_fails(tasks, stopping)
-    finally:
-        watch.cancel()
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        parts.report(stopped_at[0] if stopped_at else None)
-
-
-async def _when_set(stopping: asyncio.Event, at: list[float]) -> None:
-    await stopping.wait()
-    at.append(time.monotonic())
-
-
-def _on_signal(stopping: asyncio.Event, sig: int) -> None:
-    events.emit(
-        "worker.stopping",
-        "signal received; finishing running attempts",
-        signal=signal.Signals(sig).name,
-        replica=replica_id(),
-    )
-    stopping.set()
-
-
-async def _until_all_done_or_one_fails(
-    tasks: list[asyncio.Task[None]], stopping: asyncio.Event
-) -> None:
-    """Wait for every component; if one fails, stop the others and re-raise its error."""
-    if not tasks:
-        await stopping.wait()
-        return
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
-        if failed:
-            stopping.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise failed[0].exception()  # type: ignore[misc]
-    except asyncio.CancelledError:
-        stopping.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
