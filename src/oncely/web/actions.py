@@ -263,8 +263,9 @@ async def bulk(settings: Settings, request: Request, access: Access, form: FormD
             "upto": newest,
             "fields": {k: v for k, v in form.items() if k in _FILTER_FIELDS and v},
         }
-        context = await tasks_page_context(settings, request, where)
-        return page(settings, request, "tasks.html", access, bulk=info, **context)
+        context = await tasks_page_context(settings, request, where, params=form)
+        context["bulk"] = info
+        return page(settings, request, "tasks.html", access, **context)
     ids, _ = await _matching(settings, where, upto, BULK_MAX)
     done, refused = 0, 0
     for task_id in ids:

@@ -253,7 +253,11 @@ def shown_args(settings: Settings, rec: TaskRecord) -> object:
 
 
 async def tasks_page_context(
-    settings: Settings, request: Request, where: TaskFilter, cursor: int | None = None
+    settings: Settings,
+    request: Request,
+    where: TaskFilter,
+    cursor: int | None = None,
+    params: Any = None,
 ) -> dict[str, Any]:
     """What the task listing shows: one page of the tasks that match `where`."""
     app = settings.app
@@ -261,7 +265,8 @@ async def tasks_page_context(
     found = await app.store.views.task_page(where, cursor, PAGE_SIZE, names)
     rows = [(rec, pretty(shown_args(settings, rec))) for rec in found.tasks]
     fields = ("state", "queue", "task", "key", "after", "before")
-    query = {k: v for k, v in request.query_params.items() if k in fields and v}
+    given = request.query_params if params is None else params
+    query = {k: v for k, v in given.items() if k in fields and isinstance(v, str) and v}
     return {
         "rows": rows,
         "where": where,
