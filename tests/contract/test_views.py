@@ -140,3 +140,16 @@ async def test_per_minute_counts_and_duplicates(store: Store) -> None:
     assert await store.views.duplicates_of("j", ["0", "1", "2"]) == {"0": 2, "1": 1}
     records = await store.views.window_records("j", now - timedelta(days=1), now)
     assert records == []  # these records name no slot
+
+
+async def test_prune_deletes_old_duplicates(store: Store) -> None:
+    from oncely.store.control import Action
+
+    now = await store.database_time()
+    dup = {"job": "j", "replica": "r", "key": "0", "slot": now, "recorded_at": now}
+    await _insert(store, duplicates, [dup, {**dup, "recorded_at": now - timedelta(days=40)}])
+    counts = await store.control.prune(
+        Action("ana@ops", "prune", "older than 30d"), now - timedelta(days=30)
+    )
+    assert counts["duplicates"] == 1
+    assert await store.views.duplicates_since(now - timedelta(days=365)) == 1

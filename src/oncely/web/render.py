@@ -43,6 +43,7 @@ class Settings:
             loader=jinja2.PackageLoader("oncely.web", "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
+            auto_reload=False,  # templates ship in the package: no stat per render
         )
         self.env.filters["iso"] = iso
         self.env.filters["ms"] = ms
