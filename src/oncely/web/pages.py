@@ -3,6 +3,7 @@ app's public API and the store's bounded views, and renders; none changes anythi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -64,7 +65,7 @@ async def _last_outcome(
     mine = [r for r in records if r.key == key]
     if any(r.outcome is None for r in mine):
         alive = {a.id for a in await store.control.running(job.name, key)}
-        mine = [r.__class__(**{**r.__dict__, "alive": r.id in alive}) for r in mine]
+        mine = [dataclasses.replace(r, alive=r.id in alive) for r in mine]
     pause = pauses.get(job.name)
     explanation = explain_slot(
         job=job.name,
@@ -76,7 +77,7 @@ async def _last_outcome(
         records=mine,
         pauses=[pause] if pause is not None else [],
     )
-    outcome = timeline._OUTCOME.get(explanation.answer, "missed")
+    outcome = timeline.outcome_of(explanation.answer)
     return slot, outcome, explanation.sentence
 
 
