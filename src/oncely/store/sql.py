@@ -12,7 +12,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.dml import Insert
 
-from .tables import UTCDateTime, attempts, audit, pauses, runs, schema_versions, task_cancels, tasks
+from .tables import (
+    UTCDateTime,
+    attempts,
+    audit,
+    duplicates,
+    pauses,
+    runs,
+    schema_versions,
+    task_cancels,
+    tasks,
+)
 
 NOW = sa.bindparam("now", type_=UTCDateTime())
 """Database time as a bound value, for a database with no clock of its own (SQLite)."""
@@ -293,3 +303,121 @@ def prune_task_cancels() -> sa.Delete:
     """Delete cancel requests of tasks that are no longer running."""
     running = sa.select(tasks.c.id).where(tasks.c.state == "running")
     return sa.delete(task_cancels).where(task_cancels.c.task_id.not_in(running))
+
+
+# -- the dashboard's reads: bounded by an index, never a whole table ----------------------
+
+
+def claims_of_slots(pairs: list[tuple[str, str]]) -> sa.Select[Any]:
+    """The claims of some (job, key) slots of any jobs (the primary key)."""
+    return sa.select(runs).where(sa.tuple_(runs.c.job, runs.c.key).in_(pairs))
+
+
+def records_of_slots(pairs: list[tuple[str, str]]) -> sa.Select[Any]:
+    """The attempt records of some (job, key) slots of any jobs, oldest first."""
+    return (
+        sa.select(attempts)
+        .where(sa.tuple_(attempts.c.job, attempts.c.key).in_(pairs))
+        .order_by(attempts.c.id)
+    )
+
+
+def window_records(job: str, first: Any, last: Any) -> sa.Select[Any]:
+    """The attempt records of a job's slots in [first, last], oldest first (a timeline)."""
+    return (
+        sa.select(attempts)
+        .where(attempts.c.job == job, attempts.c.slot >= first, attempts.c.slot <= last)
+        .order_by(attempts.c.id)
+    )
+
+
+def record_duplicate(values: dict[str, Any]) -> sa.Insert:
+    """Record a suppressed duplicate attempt at a claimed slot."""
+    return sa.insert(duplicates).values(**values)
+
+
+def prune_duplicates(before: Any) -> sa.Delete:
+    """Delete duplicate records older than `before`."""
+    return sa.delete(duplicates).where(duplicates.c.recorded_at < before)
+
+
+def duplicates_of(job: str, keys: list[str]) -> sa.Select[Any]:
+    """(key, count) of the suppressed duplicates of some slots of a job."""
+    return (
+        sa.select(duplicates.c.key, sa.func.count())
+        .where(duplicates.c.job == job, duplicates.c.key.in_(keys))
+        .group_by(duplicates.c.key)
+    )
+
+
+def duplicates_since(since: Any, cap: int) -> sa.Select[Any]:
+    """How many duplicates were recorded since `since`, counting at most `cap`."""
+    recent = (
+        sa.select(duplicates.c.id).where(duplicates.c.recorded_at >= since).limit(cap).subquery()
+    )
+    return sa.select(sa.func.count()).select_from(recent)
+
+
+def records_by_minute(minute: Any, outcomes: list[str], since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, count) of the newest `cap` attempt records of these outcomes since `since`."""
+    recent = (
+        sa.select(attempts.c.recorded_at)
+        .where(attempts.c.recorded_at >= since, attempts.c.outcome.in_(outcomes))
+        .order_by(attempts.c.recorded_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.recorded_at).label("minute")
+    return sa.select(bucket, sa.func.count()).group_by(bucket)
+
+
+def duplicates_by_minute(minute: Any, since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, count) of the newest `cap` duplicates recorded since `since`."""
+    recent = (
+        sa.select(duplicates.c.recorded_at)
+        .where(duplicates.c.recorded_at >= since)
+        .order_by(duplicates.c.recorded_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.recorded_at).label("minute")
+    return sa.select(bucket, sa.func.count()).group_by(bucket)
+
+
+def claims_by_minute(minute: Any, since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, count) of the newest `cap` claims made since `since`."""
+    recent = (
+        sa.select(runs.c.claimed_at)
+        .where(runs.c.claimed_at >= since)
+        .order_by(runs.c.claimed_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.claimed_at).label("minute")
+    return sa.select(bucket, sa.func.count()).group_by(bucket)
+
+
+def series_by_minute(series: dict[str, sa.Select[Any]]) -> Any:
+    """Several (minute, count) reads as one: (series, minute, count) rows, one round trip."""
+    parts = []
+    for name, stmt in series.items():
+        sub = stmt.subquery()
+        minute, count = sub.c[0], sub.c[1]
+        parts.append(sa.select(sa.literal(name).label("series"), minute, count))
+    return sa.union_all(*parts)
+
+
+def audit_page(
+    job: str | None, action: str | None, actor: str | None, before: int | None, limit: int
+) -> sa.Select[Any]:
+    """The audit trail newest first, filtered, from before id `before` (keyset)."""
+    stmt = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+    if job is not None:
+        stmt = stmt.where(audit.c.job == job)
+    if action is not None:
+        stmt = stmt.where(audit.c.action == action)
+    if actor is not None:
+        stmt = stmt.where(audit.c.actor == actor)
+    if before is not None:
+        stmt = stmt.where(audit.c.id < before)
+    return stmt

@@ -38,12 +38,12 @@ from ..errors import (
 )
 from ..masking import mask_url
 from ..model import Claim, TaskRecord
-from . import control, sql, task_store, tasks_sql
+from . import control, sql, task_store, tasks_sql, views
 from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
-from .migrations import CONTROL, LATEST, REQUIRED, apply_migrations
+from .migrations import CONTROL, DUPLICATES, LATEST, REQUIRED, apply_migrations
 from .outcome import task_landed
 from .plan import run, run_async
 from .session import (
@@ -139,11 +139,21 @@ class Store:
         """The control plane's statements on this store (pauses, attempts, audit, cancel)."""
         return control.Control(self)
 
+    @functools.cached_property
+    def views(self) -> views.Views:
+        """The dashboard's reads on this store (bounded by indexes, never a whole table)."""
+        return views.Views(self)
+
     @property
     def has_control(self) -> bool:
         """Whether the database has the control plane's tables (known once the schema was
         checked: `ensure_schema`, `migrate`)."""
         return self._version is not None and self._version >= CONTROL
+
+    @property
+    def has_duplicates(self) -> bool:
+        """Whether the database records suppressed duplicates (schema 8)."""
+        return self._version is not None and self._version >= DUPLICATES
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool
