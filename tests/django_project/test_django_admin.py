@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from shop_helpers import count
 
+STAFF = "ops"
+
 
 @pytest.fixture
 def staff(alias: str) -> Iterator[Any]:
@@ -15,7 +17,7 @@ def staff(alias: str) -> Iterator[Any]:
     from django.contrib.auth.models import User
     from django.test import Client, override_settings
 
-    user, _ = User.objects.get_or_create(username="ops", is_staff=True, is_superuser=True)
+    user, _ = User.objects.get_or_create(username=STAFF, is_staff=True, is_superuser=True)
     client = Client()
     client.force_login(user)
     with override_settings(ONCELY={"APP": "shop.jobs:app", "DATABASE": alias}):
@@ -70,6 +72,9 @@ def test_retry_and_discard_act_like_the_cli(alias: str, staff: Any) -> None:
     assert count(alias, "oncely_tasks", "WHERE state = 'discarded'") == 1
     _act(staff, "retry", task_id)  # a discarded task can be retried, as with the CLI
     assert count(alias, "oncely_tasks", "WHERE state = 'available'") == 1
+    # Audited like the CLI's, with the staff user as the actor.
+    audited = "WHERE actor = %s AND action IN ('task_retry', 'task_discard')"
+    assert count(alias, "oncely_audit", audited, [f"django-admin:{STAFF}"]) == 3
 
 
 def test_an_action_the_task_state_refuses_is_reported_and_changes_nothing(

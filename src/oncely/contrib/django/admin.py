@@ -1,8 +1,9 @@
 """Read-only admin pages for slot claims and tasks; retry and discard as actions.
 
-The actions call the same functions as `oncely tasks retry ID` / `oncely tasks discard ID`
-(on the database of `ONCELY["DATABASE"]`), one task at a time; a task in a state that cannot be
-retried or discarded is reported and left as it is.
+The actions call the same `Oncely` methods as `oncely tasks retry ID` / `oncely tasks discard
+ID` (on the database of `ONCELY["DATABASE"]`), one task at a time, each audited with the staff
+user as its actor (`django-admin:USERNAME`); a task in a state that cannot be retried or
+discarded is reported and left as it is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 from django.contrib import admin, messages
 
-from ... import queue
 from ...app import Oncely as CoreOncely
 from ...errors import OncelyError
 from ...model import TaskRecord
@@ -46,16 +46,18 @@ def _each(
     modeladmin: admin.ModelAdmin,
     request: Any,
     ids: list[int],
-    change: Callable[[CoreOncely, int], Awaitable[TaskRecord]],
+    change: Callable[[CoreOncely, int, str], Awaitable[TaskRecord]],
     done: str,
 ) -> None:
+    actor = f"django-admin:{request.user.get_username()}"
+
     async def go() -> list[tuple[int, str | None]]:
         app = Oncely()  # the configured database; retry and discard need no registry
         out: list[tuple[int, str | None]] = []
         try:
             for task_id in ids:
                 try:
-                    await change(app, task_id)
+                    await change(app, task_id, actor)
                     out.append((task_id, None))
                 except OncelyError as exc:
                     out.append((task_id, str(exc)))
@@ -70,16 +72,24 @@ def _each(
             modeladmin.message_user(request, error, messages.ERROR)
 
 
+async def _retry(app: CoreOncely, task_id: int, actor: str) -> TaskRecord:
+    return await app.retry_task(task_id, actor=actor)
+
+
+async def _discard(app: CoreOncely, task_id: int, actor: str) -> TaskRecord:
+    return await app.discard_task(task_id, actor=actor)
+
+
 @admin.action(description="Retry the selected tasks now (oncely tasks retry)")
 def retry(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
     ids = list(queryset.values_list("id", flat=True))
-    _each(modeladmin, request, ids, queue.retry_task, "is available again")
+    _each(modeladmin, request, ids, _retry, "is available again")
 
 
 @admin.action(description="Discard the selected tasks (oncely tasks discard)")
 def discard(modeladmin: admin.ModelAdmin, request: Any, queryset: Any) -> None:
     ids = list(queryset.values_list("id", flat=True))
-    _each(modeladmin, request, ids, queue.discard_task, "discarded")
+    _each(modeladmin, request, ids, _discard, "discarded")
 
 
 @admin.register(TaskRow)
