@@ -101,6 +101,15 @@ def _v7_failed_index(conn: Connection) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _v8_trace_context(conn: Connection) -> None:
+    # One nullable column, no default: no row is rewritten, on Postgres or SQLite. A database
+    # that an earlier step created from this release's tables has it already.
+    present = {c["name"] for c in sa.inspect(conn).get_columns("oncely_tasks")}
+    if "trace_context" not in present:
+        column = sa.schema.CreateColumn(tasks.c.trace_context).compile(dialect=conn.dialect)
+        conn.exec_driver_sql(f"ALTER TABLE oncely_tasks ADD COLUMN {column}")
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -111,6 +120,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (5, "oncely_workers: live task workers and the task names they lease", _v5_workers),
     (6, "the control plane: attempts, pauses, the audit trail, task cancel requests", _v6_control),
     (7, "oncely_tasks: a partial index for listing dead and discarded tasks", _v7_failed_index),
+    (8, "oncely_tasks: the trace context of the code that enqueued each task", _v8_trace_context),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -121,10 +131,10 @@ CONTROL = 6
 on an older database the worker and `oncely run` work as before, without pauses or attempt
 records, and the operator's commands ask for `oncely migrate`."""
 
-REQUIRED = 4
-"""The oldest schema this oncely runs on. v4 adds the columns that this oncely's enqueue and
-lease statements name: run `oncely migrate` first, then upgrade the processes (an older
-oncely runs on v4: its statements leave the new columns at their defaults)."""
+REQUIRED = 8
+"""The oldest schema this oncely runs on. v4 and v8 add columns that this oncely's enqueue
+and lease statements name: run `oncely migrate` first, then upgrade the processes (an older
+oncely runs on v8: its statements leave the new columns at their defaults)."""
 
 
 def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections, transaction
 
-from ... import hooks
+from ... import hooks, tracing
 from ...errors import BadInputError, ConfigError, LeaseLostError
 from ...model import TaskRecord, TaskState
 from ...retry import RetryPolicy
@@ -122,9 +122,10 @@ class TaskBackend(BaseTaskBackend):
             "idempotency_key": idempotency_key,
             "run_at": task.run_after,
         }
-        with _atomic(self.database), lent(self.database, f"{task.module_path}.enqueue()") as conn:
-            (record,) = borrowed.enqueue(conn, [entry])
-        report_enqueued([record])
+        with tracing.enqueuing(task.module_path, task.queue_name, [entry]) as span:
+            with _atomic(self.database), lent(self.database, f"{task.module_path}.enqueue()") as c:
+                (record,) = borrowed.enqueue(c, [entry])
+            report_enqueued([record], span)
         return self._result(task, record)
 
     def get_result(self, result_id: str) -> TaskResult:
