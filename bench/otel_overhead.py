@@ -15,6 +15,7 @@ as a ratio. Never a test: numbers depend on the machine.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -32,6 +33,59 @@ PRELUDES = {
     ),
 }
 _ROW = re.compile(r"^\s+oncely\s+(.+? /s)\s+([\d.]+)")
+
+# What oncely's code adds per operation for tracing, timed alone (best of many repeats: the
+# least disturbed): an enqueue's span and context, an attempt's span start and end, a slot
+# attempt's span, and the events observer for an event that is not a span event.
+HOOKS = """
+import json, sys, timeit
+sys.path.insert(0, {src!r})
+from oncely import tracing
+from oncely.model import TaskRecord
+from datetime import datetime, timezone
+now = datetime.now(timezone.utc)
+rec = TaskRecord(id=1, task="t", queue="default", args={{}}, state="available", attempt=0,
+                 run_at=now, created_at=now)
+
+def enqueue():
+    entries = [{{"task": "t", "queue": "default", "args": {{}}}}]
+    with tracing.enqueuing("t", "default", entries) as span:
+        tracing.enqueued(span, [rec])
+
+def attempt():
+    span = tracing.task_attempt("t", 1, 1, "default", None)
+    with tracing.current(span):
+        pass
+    with tracing.ended(span, "succeeded", None):
+        pass
+
+def slot():
+    with tracing.slot_attempt("j", "k", now, "r") as span:
+        tracing.finish(span, "ran", None)
+
+def observer():
+    tracing._on_event("task.started", {{"task": "t", "id": 1}})
+
+def nothing():
+    pass
+
+out = {{}}
+for name, call in [("enqueue", enqueue), ("attempt", attempt), ("slot attempt", slot),
+                   ("observer, other event", observer), ("an empty call", nothing)]:
+    n = 2000
+    out[name] = min(timeit.repeat(call, number=n, repeat=15)) / n * 1e9
+print(json.dumps(out))
+"""
+
+
+def hooks(mode: str) -> dict[str, float]:
+    """ns per call of oncely's tracing work under `mode`, in a process of its own."""
+    code = PRELUDES[mode] + "\n" + HOOKS.format(src=str(ROOT / "src"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode}: the hooks' timing failed:\n{done.stderr}")
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
 
 
 def run(mode: str, args: list[str]) -> dict[str, float]:
@@ -60,8 +114,15 @@ def main() -> None:
     parser.add_argument("--modes", default="absent,api,sdk")
     parser.add_argument("--no-enqueue", action="store_true", help="the one-row drain alone")
     parser.add_argument("--fsync", action="store_true", help="commits wait for the disk")
+    parser.add_argument("--hooks-only", action="store_true", help="only the per-call costs")
     args = parser.parse_args()
     modes = args.modes.split(",")
+    costs = {mode: hooks(mode) for mode in modes}
+    print(f"{'ns per call':28}" + "".join(f"{m:>12}" for m in modes))
+    for name in costs[modes[0]]:
+        print(f"{name:28}" + "".join(f"{costs[m][name]:12.0f}" for m in modes))
+    if args.hooks_only:
+        return
     queues = ["--database-url", args.database_url, "--systems", "oncely", "--rounds", "1"]
     queues += ["--tasks", str(args.tasks), "--single", str(args.single)]
     queues += ["--concurrency", args.concurrency, "--drains", "one_row", "--no-latency"]
