@@ -72,15 +72,15 @@ def nothing():
 out = {{}}
 for name, call in [("enqueue", enqueue), ("attempt", attempt), ("slot attempt", slot),
                    ("observer, other event", observer), ("an empty call", nothing)]:
-    n = 2000
+    n = {calls}
     out[name] = min(timeit.repeat(call, number=n, repeat=15)) / n * 1e9
 print(json.dumps(out))
 """
 
 
-def hooks(mode: str) -> dict[str, float]:
+def hooks(mode: str, calls: int) -> dict[str, float]:
     """ns per call of oncely's tracing work under `mode`, in a process of its own."""
-    code = PRELUDES[mode] + "\n" + HOOKS.format(src=str(ROOT / "src"))
+    code = PRELUDES[mode] + "\n" + HOOKS.format(src=str(ROOT / "src"), calls=calls)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{mode}: the hooks' timing failed:\n{done.stderr}")
@@ -115,9 +115,11 @@ def main() -> None:
     parser.add_argument("--no-enqueue", action="store_true", help="the one-row drain alone")
     parser.add_argument("--fsync", action="store_true", help="commits wait for the disk")
     parser.add_argument("--hooks-only", action="store_true", help="only the per-call costs")
+    parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat")
+    parser.add_argument("--database-prefix", default="bench_otel")
     args = parser.parse_args()
     modes = args.modes.split(",")
-    costs = {mode: hooks(mode) for mode in modes}
+    costs = {mode: hooks(mode, args.calls) for mode in modes}
     print(f"{'ns per call':28}" + "".join(f"{m:>12}" for m in modes))
     for name in costs[modes[0]]:
         print(f"{name:28}" + "".join(f"{costs[m][name]:12.0f}" for m in modes))
@@ -126,7 +128,7 @@ def main() -> None:
     queues = ["--database-url", args.database_url, "--systems", "oncely", "--rounds", "1"]
     queues += ["--tasks", str(args.tasks), "--single", str(args.single)]
     queues += ["--concurrency", args.concurrency, "--drains", "one_row", "--no-latency"]
-    queues += ["--database-prefix", "bench_otel"]
+    queues += ["--database-prefix", args.database_prefix]
     if not args.fsync:
         queues.append("--no-fsync")  # round trips and CPU, not the shared disk, dominate
     if args.no_enqueue:
