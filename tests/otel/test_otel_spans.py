@@ -336,3 +336,29 @@ def test_importing_oncely_does_not_import_opentelemetry() -> None:
         timeout=60,
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+async def test_a_tasks_own_spans_are_children_of_its_attempt(app: Oncely, spans: Spans) -> None:
+    """The attempt's span is current while the task runs: in the event loop for an async
+    task, in the worker's thread for a plain `def` one."""
+
+    @app.task
+    async def fetch(db: Any, n: int) -> None:
+        with spans.tracer.start_as_current_span("GET /rates"):
+            pass
+
+    @app.task
+    def render(db: Any, n: int) -> None:
+        with spans.tracer.start_as_current_span("render pdf"):
+            pass
+
+    await fetch.enqueue_committed(app.store, n=1)
+    await render.enqueue_committed(app.store, n=2)
+    runner = worker(app)
+    outcomes = await runner.step()
+    await runner.close()
+    assert [type(o).__name__ for o in outcomes] == ["Succeeded", "Succeeded"]
+    attempts = {s.attributes["oncely.task"]: s for s in spans.named("oncely.task")}
+    for inner, task in ("GET /rates", "fetch"), ("render pdf", "render"):
+        (span,) = spans.named(inner)
+        assert span.parent is not None and span.parent.span_id == attempts[task].context.span_id

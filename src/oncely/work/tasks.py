@@ -97,8 +97,9 @@ class TaskWorker:
         self._settles: list[tuple[Outcome, Settle]] = []
         self._cancelling: set[int] = set()
         """Running tasks an operator cancelled: their attempts are being stopped."""
-        self._spans: dict[str, tracing.Span] = {}
-        """The spans of attempts whose outcome is not written yet, by lease token (tracing)."""
+        self._spans: dict[tuple[int, str], tracing.Span] = {}
+        """The spans of attempts whose outcome is not written yet, by (task id, lease token):
+        a lease's tasks share its token (tracing)."""
         self._decided = 0
         """Held tasks whose outcome waits to be written: they free their room at once."""
         self._to_settle = asyncio.Event()
@@ -303,12 +304,12 @@ class TaskWorker:
         span = tracing.task_attempt(item.task, item.id, item.attempt, item.queue, item.trace)
         if span is None:
             return await self._run(item)
-        self._spans[item.token] = span  # ended with the outcome's event (`_emit`)
+        self._spans[item.id, item.token] = span  # ended with the outcome's event (`_emit`)
         try:
             with tracing.current(span):
                 return await self._run(item)
         except BaseException as exc:  # cancelled (shutdown, operator) or a simulated crash
-            del self._spans[item.token]
+            del self._spans[item.id, item.token]
             stopped = "cancelled" if isinstance(exc, asyncio.CancelledError) else "crashed"
             with tracing.ended(span, stopped, exc):
                 raise
@@ -467,7 +468,8 @@ class TaskWorker:
     def _emit(self, outcome: Outcome) -> None:
         """Log an outcome once it is in the database, and end its attempt's span with it."""
         name, text, level, fields = event(outcome)
-        with tracing.ended(self._spans.pop(outcome.item.token, None), *traced(outcome)):
+        span = self._spans.pop((outcome.item.id, outcome.item.token), None)
+        with tracing.ended(span, *traced(outcome)):
             events.emit(name, text, level=level, **fields)
 
     async def _settler(self, closing: asyncio.Event) -> None:
