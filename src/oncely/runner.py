@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from . import clock, events
+from . import clock, events, tracing
 from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, OncelyError
 from .model import Claim, Pause, RunResult, RunStatus
 from .registry import Job
@@ -569,9 +569,12 @@ async def run_slot(
         busy_ms=busy_ms,
         exclusive=job.overlap == "skip",
     )
-    outcome = await attempt_slot(store, job, slot, request, check_pause=check_pause)
-    duration = time.perf_counter() - started
-    report("run", outcome, duration, fields)
+    with tracing.slot_attempt(job.name, key, slot, replica) as span:
+        outcome = await attempt_slot(store, job, slot, request, check_pause=check_pause)
+        duration = time.perf_counter() - started
+        report("run", outcome, duration, fields)  # its span event, if any, on this span
+        failed = (outcome.error or outcome.status.value) if outcome.status in _ERRORS else None
+        tracing.finish(span, outcome.status.value, failed)
     claimed_by = None
     if outcome.status is RunStatus.RAN:
         claimed_by = replica

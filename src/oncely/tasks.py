@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from . import events
+from . import events, tracing
 from .errors import (
     BadInputError,
     ConfigError,
@@ -326,8 +326,9 @@ class Task:
         task's) puts it before due tasks of lower priority.
         """
         entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
-        (rec,) = await task_store.enqueue(db, [entry])
-        _report([rec])
+        with tracing.enqueuing(self.name, self.queue, [entry]) as span:
+            (rec,) = await task_store.enqueue(db, [entry])
+            _report([rec], span)
         return rec
 
     async def enqueue_many(
@@ -339,8 +340,9 @@ class Task:
         entries = self._entries(items)
         if not entries:
             return []
-        records = await task_store.enqueue(db, entries)
-        _report(records)
+        with tracing.enqueuing(self.name, self.queue, entries) as span:
+            records = await task_store.enqueue(db, entries)
+            _report(records, span)
         return records
 
     async def enqueue_committed(
@@ -390,9 +392,10 @@ class Task:
         """`enqueue_committed`, and whether the task committed: True; after a connection lost
         during COMMIT, False (it rolled back) or None (it cannot be read back: unknown)."""
         entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
-        (rec,), landed = await store.enqueue([entry])
-        if landed:
-            _report([rec])
+        with tracing.enqueuing(self.name, self.queue, [entry]) as span:
+            (rec,), landed = await store.enqueue([entry])
+            if landed:
+                _report([rec], span)
         return rec, landed
 
     def enqueue_sync(
@@ -407,12 +410,14 @@ class Task:
     ) -> TaskRecord:
         """`enqueue` for a synchronous SQLAlchemy Session (Django, Flask, scripts)."""
         entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
-        (rec,) = task_store.enqueue_sync(session, [entry])
-        _report([rec])
+        with tracing.enqueuing(self.name, self.queue, [entry]) as span:
+            (rec,) = task_store.enqueue_sync(session, [entry])
+            _report([rec], span)
         return rec
 
 
-def _report(records: Sequence[TaskRecord]) -> None:
+def _report(records: Sequence[TaskRecord], span: tracing.Span | None = None) -> None:
+    tracing.enqueued(span, records)
     for rec in records:
         if rec.duplicate:
             events.emit(
@@ -578,5 +583,5 @@ class TaskRegistry:
 
 
 report_enqueued = _report
-"""The events of an enqueue's records (`task.enqueued`, `task.duplicate`), for producers
-outside this module (Django's task backend)."""
+"""The events of an enqueue's records (`task.enqueued`, `task.duplicate`) and its span's
+attributes, for producers outside this module (Django's task backend)."""

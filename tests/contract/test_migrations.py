@@ -51,7 +51,7 @@ def as_v2(engine: sa.Engine) -> None:
         for name in V4_INDEXES - V3_INDEXES:
             conn.exec_driver_sql(f"DROP INDEX {name}")
         conn.exec_driver_sql("DROP TABLE oncely_task_starts")
-        for column in V4_COLUMNS:
+        for column in (*V4_COLUMNS, "trace_context"):  # v4's, v9's
             conn.exec_driver_sql(f"ALTER TABLE oncely_tasks DROP COLUMN {column}")
         conn.exec_driver_sql(
             "CREATE INDEX oncely_tasks_due ON oncely_tasks (run_at, id) WHERE state = 'available'"
@@ -151,8 +151,11 @@ async def test_migrate_upgrades_a_v2_database_keeping_its_tasks_and_keys(
     assert (finished.id, finished.duplicate) == (ids["c:2"], True)
     more = await enqueue(order_id=3)
     assert not more.duplicate and more.id not in plain_ids
-    # The old rows got v4's defaults: priority 0, no limits, no result.
+    # The old rows got v4's defaults: priority 0, no limits, no result; and v9's: no trace.
     assert {(r.priority, r.result) for r in await list_tasks(app)} == {(0, None)}
+    with sync_engine.connect() as conn:
+        traces = conn.execute(sa.text("SELECT trace_context FROM oncely_tasks")).scalars()
+        assert set(traces) == {None}
     with pytest.raises(sa.exc.IntegrityError), sync_engine.begin() as conn:
         conn.execute(
             sa.text(

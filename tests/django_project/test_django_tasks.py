@@ -169,3 +169,42 @@ def test_get_result_maps_a_dead_task_to_failed_with_its_last_error(alias: str) -
     assert failed.status.name == "FAILED"
     assert [e.exception_class_path for e in failed.errors] == ["shop.errors.GatewayTimeout"]
     assert "504" in failed.errors[0].traceback
+
+
+def test_an_enqueue_carries_the_callers_trace_context(alias: str) -> None:
+    """With a tracer provider configured, the row stores the `oncely.enqueue` span's context
+    (a child of the caller's span), so that the worker's attempts continue the trace."""
+    import json
+
+    from django.db import connections
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util._once import Once
+    from shop.tasks import send_receipt
+
+    def reset() -> None:  # the global provider is set-once: as OpenTelemetry's tests reset it
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reset()
+    trace.set_tracer_provider(provider)
+    try:
+        with provider.get_tracer("tests").start_as_current_span("request") as request:
+            result = _enqueue(alias, send_receipt, 3)
+    finally:
+        reset()
+        provider.shutdown()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "oncely.enqueue"]
+    assert span.parent is not None and span.parent.span_id == request.get_span_context().span_id
+    assert span.attributes["oncely.task"] == "shop.tasks.send_receipt"
+    assert span.attributes["oncely.task_id"] == int(result.id)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT trace_context FROM oncely_tasks")
+        ((stored,),) = cursor.fetchall()
+    _, trace_id, span_id, _ = json.loads(stored)["traceparent"].split("-")
+    assert (trace_id, span_id) == (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")

@@ -103,9 +103,17 @@ def _v7_failed_index(conn: Connection) -> None:
 
 
 def _v8_duplicates(conn: Connection) -> None:
-    # A new table only: an oncely without it runs on v8, and this one runs on v7 without
-    # recording duplicates (`Store.has_duplicates`).
+    # A new table only: an older oncely runs on v8 (it records no duplicates).
     duplicates.create(conn, checkfirst=True)
+
+
+def _v9_trace_context(conn: Connection) -> None:
+    # One nullable column, no default: no row is rewritten, on Postgres or SQLite. A database
+    # that an earlier step created from this release's tables has it already.
+    present = {c["name"] for c in sa.inspect(conn).get_columns("oncely_tasks")}
+    if "trace_context" not in present:
+        column = sa.schema.CreateColumn(tasks.c.trace_context).compile(dialect=conn.dialect)
+        conn.exec_driver_sql(f"ALTER TABLE oncely_tasks ADD COLUMN {column}")
 
 
 Step = Callable[[Connection], Any]
@@ -119,6 +127,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (6, "the control plane: attempts, pauses, the audit trail, task cancel requests", _v6_control),
     (7, "oncely_tasks: a partial index for listing dead and discarded tasks", _v7_failed_index),
     (8, "oncely_duplicates: suppressed duplicate slot attempts", _v8_duplicates),
+    (9, "oncely_tasks: the trace context of the code that enqueued each task", _v9_trace_context),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -132,10 +141,10 @@ records, and the operator's commands ask for `oncely migrate`."""
 DUPLICATES = 8
 """The schema version that holds oncely_duplicates: older databases record no duplicates."""
 
-REQUIRED = 4
-"""The oldest schema this oncely runs on. v4 adds the columns that this oncely's enqueue and
-lease statements name: run `oncely migrate` first, then upgrade the processes (an older
-oncely runs on v4: its statements leave the new columns at their defaults)."""
+REQUIRED = 9
+"""The oldest schema this oncely runs on. v4 and v9 add columns that this oncely's enqueue
+and lease statements name: run `oncely migrate` first, then upgrade the processes (an older
+oncely runs on v9: its statements leave the new columns at their defaults)."""
 
 
 def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> list[int]:

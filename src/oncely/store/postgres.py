@@ -652,24 +652,24 @@ def _listen_cancels(
 
 
 # Enqueue any number of tasks in one round trip: the arguments as one JSON array, the other
-# columns as arrays beside it (NULL when the same for all: the task and queue then come as
-# one value; keys, times and delays as none), in input order (ids follow it); existing
+# columns as arrays beside it (NULL when the same for all: the task, queue and trace context
+# then come as one value; keys, times and delays as none), in input order (ids follow it); existing
 # (task, idempotency_key) pairs skipped. One JSON document and few arrays keep the encoding
 # of a thousand tasks to a few microseconds each on both sides.
 _ENQUEUE_MANY = """
     INSERT INTO oncely_tasks
         (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
-         priority, concurrency_key, concurrency, rate_key, rate, rate_period)
+         priority, concurrency_key, concurrency, rate_key, rate, rate_period, trace_context)
     SELECT coalesce(u.task, {task}), coalesce(u.queue, {queue}), u.args, 'available', 0,
            coalesce(u.run_at, clock_timestamp() + make_interval(secs => coalesce(u.delay, 0))),
            clock_timestamp(), u.key, coalesce(u.priority, 0), u.ckey, u.conc, u.rkey, u.rate,
-           u.period
+           u.period, coalesce(u.trace, {trace})
     FROM ROWS FROM (jsonb_array_elements({args}), unnest({tasks}), unnest({queues}),
                     unnest({keys}), unnest({run_ats}), unnest({delays}), unnest({priorities}),
                     unnest({ckeys}), unnest({concs}), unnest({rkeys}), unnest({rates}),
-                    unnest({periods}))
+                    unnest({periods}), unnest({traces}))
          WITH ORDINALITY AS u(args, task, queue, key, run_at, delay, priority, ckey, conc, rkey,
-                              rate, period, ord)
+                              rate, period, trace, ord)
     ORDER BY u.ord
     ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, run_at, created_at
@@ -689,6 +689,8 @@ _ENQUEUE_TYPES = {
     "rkeys": "varchar[]",
     "rates": "int4[]",
     "periods": "float8[]",
+    "trace": "text",
+    "traces": "text[]",
 }
 _ENQUEUE_ORDER = tuple(_ENQUEUE_TYPES)
 _ENQUEUE_LIMITS = {
@@ -729,7 +731,8 @@ def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
     keys = [p["p_key"] for p in params]
     run_ats = [p["p_run_at"] for p in params]
     delays = [p["p_delay"] for p in params]
-    one_task, one_queue = _same(tasks), _same(queues)
+    traces = [p.get("p_trace") for p in params]
+    one_task, one_queue, one_trace = _same(tasks), _same(queues), _same(traces)
     return {
         "args": json.dumps([p["p_args"] for p in params]),
         "task": tasks[0] if one_task else None,
@@ -740,6 +743,8 @@ def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
         "run_ats": run_ats if any(r is not None for r in run_ats) else None,
         "delays": delays if any(delays) else None,
         **{name: _array(params, p) for name, p in _ENQUEUE_LIMITS.items()},
+        "trace": traces[0] if one_trace else None,
+        "traces": None if one_trace else traces,
     }
 
 
@@ -758,11 +763,11 @@ def _array(params: list[dict[str, Any]], name: str) -> list[Any] | None:
 DRIVER_ENQUEUE_ONE = """
     INSERT INTO oncely_tasks
         (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
-         priority, concurrency_key, concurrency, rate_key, rate, rate_period)
+         priority, concurrency_key, concurrency, rate_key, rate, rate_period, trace_context)
     VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
             coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
             clock_timestamp(), $4::varchar, coalesce($7::int4, 0), $8::varchar, $9::int4,
-            $10::varchar, $11::int4, $12::float8)
+            $10::varchar, $11::int4, $12::float8, $13::text)
     ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, task, idempotency_key, run_at, created_at
 """
@@ -809,6 +814,7 @@ async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any
                 p["p_run_at"],
                 p["p_delay"],
                 *(p.get(name) for name in _ENQUEUE_LIMITS.values()),
+                p.get("p_trace"),
             )
             return [Enqueued._make(record)] if record is not None else []
         many = enqueue_many_params(params)

@@ -91,6 +91,9 @@ tasks = sa.Table(
     sa.Column("rate", sa.Integer, nullable=True),
     sa.Column("rate_period", sa.Float, nullable=True),
     sa.Column("result", sa.Text, nullable=True),
+    # Schema v9: the trace context of the code that enqueued the task (the propagator's
+    # headers as JSON, e.g. W3C traceparent), so that its attempts continue that trace.
+    sa.Column("trace_context", sa.Text, nullable=True),
     comment="One row per queued task; its state changes commit with the task's own work.",
 )
 

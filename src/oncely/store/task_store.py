@@ -65,6 +65,8 @@ class Leased:
     attempt: int
     queue: str
     token: str
+    trace: str | None = None
+    """The trace context it was enqueued in (the propagator's headers as JSON), or None."""
 
 
 def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
@@ -111,6 +113,7 @@ def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[st
                 "p_run_at": run_at,
                 "p_delay": delay,
                 "p_priority": entry.get("priority", 0),
+                "p_trace": entry.get("trace"),
                 **{p: entry.get(column) for column, (p, _) in _LIMITS},
                 **now_params,
             }
@@ -221,7 +224,8 @@ async def enqueue(
 ) -> list[TaskRecord]:
     """Insert tasks in the caller's open transaction; existing idempotency keys insert nothing.
 
-    Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds).
+    Each entry has task, queue, args and optionally idempotency_key, run_at, delay (seconds),
+    priority, the limits and trace (the enqueueing code's trace context, as JSON text).
     `session` is an AsyncSession or a bare driver connection (asyncpg). On an AsyncSession
     over asyncpg the INSERT goes straight to the session's driver connection, in its
     transaction (see `postgres.session_driver`).
@@ -536,7 +540,9 @@ class TaskStore:
         if any(r.concurrency is not None or r.rate is not None for r in rows):
             rows = await self._limited(conn, rows, token)
         rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
-        return [Leased(r.id, r.task, r.args, r.attempt, r.queue, token) for r in rows]
+        return [
+            Leased(r.id, r.task, r.args, r.attempt, r.queue, token, r.trace_context) for r in rows
+        ]
 
     async def _limited(self, conn: AsyncConnection, rows: list[Any], token: str) -> list[Any]:
         """After a lease that took limited tasks: on a database where another leaser's commit

@@ -39,9 +39,9 @@ index over all rows, schema v2's, satisfies it too)."""
 
 
 def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
-    """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay
-    and the limits: p_priority, p_ckey, p_conc, p_rkey, p_rate, p_period), executemany; a
-    row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
+    """Insert one task per parameter set (p_task, p_queue, p_args, p_key, p_run_at, p_delay,
+    p_trace and the limits: p_priority, p_ckey, p_conc, p_rkey, p_rate, p_period),
+    executemany; a row whose (task, idempotency_key) exists is skipped. RETURNING the new rows.
     Postgres inserts them all in one round trip instead (postgres.ENQUEUE)."""
     return (
         insert(tasks)
@@ -54,6 +54,7 @@ def enqueue(insert: Any, created_at: Any, run_at: Any) -> Any:
             run_at=run_at,
             created_at=created_at,
             idempotency_key=sa.bindparam("p_key", type_=sa.String()),
+            trace_context=sa.bindparam("p_trace", type_=sa.Text()),
             **limit_values(),
         )
         .on_conflict_do_nothing(
@@ -116,8 +117,10 @@ FETCHED = (
     tasks.c.rate_key,
     tasks.c.rate,
     tasks.c.rate_period,
+    tasks.c.trace_context,
 )
-"""What a lease reads back of each task: what it runs, its lease order and its limits."""
+"""What a lease reads back of each task: what it runs, its lease order, its limits and the
+trace it continues."""
 
 
 def _due(

@@ -175,3 +175,17 @@ def event(outcome: Outcome) -> Event:
         logging.WARNING,
         _fields(item),
     )
+
+
+def traced(outcome: Outcome) -> tuple[str, BaseException | str | None]:
+    """The outcome as its attempt's span records it: `oncely.outcome`, and the error that
+    marks the span failed (None: it did not fail)."""
+    if isinstance(outcome, Succeeded):
+        return "succeeded", None
+    if isinstance(outcome, Retried):
+        return "retried", outcome.error
+    if isinstance(outcome, Discarded):
+        return "discarded", outcome.error
+    if isinstance(outcome, Dead):
+        return "dead", outcome.error or outcome.text or outcome.reason
+    return "lease_lost", "lease lost: another worker took the task over; nothing committed"

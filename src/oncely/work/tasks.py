@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import functools
 import itertools
 import logging
@@ -27,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from .. import clock, events
+from .. import clock, events, tracing
 from ..errors import (
     DatabaseUnavailableError,
     JobTransactionError,
@@ -51,6 +52,7 @@ from .outcome import (
     event,
     never_finished,
     settle,
+    traced,
 )
 
 logger = logging.getLogger("oncely")
@@ -95,6 +97,9 @@ class TaskWorker:
         self._settles: list[tuple[Outcome, Settle]] = []
         self._cancelling: set[int] = set()
         """Running tasks an operator cancelled: their attempts are being stopped."""
+        self._spans: dict[tuple[int, str], tracing.Span] = {}
+        """The spans of attempts whose outcome is not written yet, by (task id, lease token):
+        a lease's tasks share its token (tracing)."""
         self._decided = 0
         """Held tasks whose outcome waits to be written: they free their room at once."""
         self._to_settle = asyncio.Event()
@@ -274,7 +279,7 @@ class TaskWorker:
         pending = settle(outcome)
         if pending is None:
             self.held.pop(outcome.item.id, None)
-            _emit(outcome)
+            self._emit(outcome)
             return
         self._settles.append((outcome, pending))
         self._decided += 1
@@ -296,6 +301,20 @@ class TaskWorker:
     async def run(self, item: Leased) -> Outcome:
         """Run one leased task in its own transaction: its outcome (written already if its
         work committed with its ack; else see `outcome.settle`)."""
+        span = tracing.task_attempt(item.task, item.id, item.attempt, item.queue, item.trace)
+        if span is None:
+            return await self._run(item)
+        self._spans[item.id, item.token] = span  # ended with the outcome's event (`_emit`)
+        try:
+            with tracing.current(span):
+                return await self._run(item)
+        except BaseException as exc:  # cancelled (shutdown, operator) or a simulated crash
+            del self._spans[item.id, item.token]
+            stopped = "cancelled" if isinstance(exc, asyncio.CancelledError) else "crashed"
+            with tracing.ended(span, stopped, exc):
+                raise
+
+    async def _run(self, item: Leased) -> Outcome:
         task = self.tasks.find(item.task)
         policy = task.retry if task is not None else DEFAULT_POLICY
         ended = never_finished(item, policy)
@@ -372,7 +391,8 @@ class TaskWorker:
                 run_sync_attempt, self.store.tasks, task.func, item, fence, encode, eager=eager
             )
         future: asyncio.Future[tuple[bool | None, str | None]]
-        future = asyncio.get_running_loop().run_in_executor(self._threads, call)
+        in_context = functools.partial(contextvars.copy_context().run, call)  # the span's
+        future = asyncio.get_running_loop().run_in_executor(self._threads, in_context)
         future.add_done_callback(_retrieved)
         try:
             if task.timeout is None:
@@ -440,11 +460,18 @@ class TaskWorker:
             if settle(outcome) is not None and outcome.item.id not in written:
                 outcome = LeaseLost(outcome.item)
             self.held.pop(outcome.item.id, None)
-            _emit(outcome)
+            self._emit(outcome)
             final.append(outcome)
         return final
 
     # -- outcomes, leases ---------------------------------------------------------------
+
+    def _emit(self, outcome: Outcome) -> None:
+        """Log an outcome once it is in the database, and end its attempt's span with it."""
+        name, text, level, fields = event(outcome)
+        span = self._spans.pop((outcome.item.id, outcome.item.token), None)
+        with tracing.ended(span, *traced(outcome)):
+            events.emit(name, text, level=level, **fields)
 
     async def _settler(self, closing: asyncio.Event) -> None:
         while not closing.is_set():
@@ -472,7 +499,7 @@ class TaskWorker:
             for outcome, pending in batch:
                 self.held.pop(pending.item.id, None)
                 self._decided -= 1
-                _emit(outcome if pending.item.id in written else LeaseLost(pending.item))
+                self._emit(outcome if pending.item.id in written else LeaseLost(pending.item))
             self._room.set()
 
     async def _announce(self, stopping: asyncio.Event) -> None:
@@ -620,8 +647,3 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
     """A sync task's thread ended after its attempt was given up: its result is nobody's."""
     if not future.cancelled():
         future.exception()
-
-
-def _emit(outcome: Outcome) -> None:
-    name, text, level, fields = event(outcome)
-    events.emit(name, text, level=level, **fields)

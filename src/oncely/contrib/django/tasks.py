@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections, transaction
 
-from ... import hooks
+from ... import hooks, tracing
 from ...errors import BadInputError, ConfigError, LeaseLostError
 from ...model import TaskRecord, TaskState
 from ...retry import RetryPolicy
@@ -140,9 +140,10 @@ class TaskBackend(BaseTaskBackend):
             "run_at": task.run_after,
             "priority": task.priority,  # Django's -100..100, higher first: as oncely's
         }
-        with _atomic(self.database), lent(self.database, f"{task.module_path}.enqueue()") as conn:
-            (record,) = borrowed.enqueue(conn, [entry])
-        report_enqueued([record])
+        with tracing.enqueuing(task.module_path, task.queue_name, [entry]) as span:
+            with _atomic(self.database), lent(self.database, f"{task.module_path}.enqueue()") as c:
+                (record,) = borrowed.enqueue(c, [entry])
+            report_enqueued([record], span)
         return self._result(task, record)
 
     def get_result(self, result_id: str) -> TaskResult:
