@@ -456,8 +456,10 @@ class Record:
     once the attempt has run LISTEN_AFTER (a plain `def` job, which blocks the loop: once
     claimed), so that it can be explained ("running", or "died" with its process) and
     cancelled while it runs. SQLite's write lock is the attempt's from its claim to its
-    commit: there no start is recorded. Recording is best effort: a record that cannot be
-    written leaves the attempt as it is (explain says less about it).
+    commit: there no start is recorded. A duplicate (its slot was claimed before) leaves a
+    `skipped` record, so that suppressed duplicates can be counted from the database (the
+    dashboard). Recording is best effort: a record that cannot be written leaves the attempt
+    as it is (explain says less about it).
     """
 
     def __init__(self, store: Store, request: ClaimRequest, slot: datetime) -> None:
@@ -501,6 +503,9 @@ class Record:
             elif status in _NOT_RUN:
                 if self.id is not None:
                     await self.store.control.forget_attempt(self.id)
+                if status is RunStatus.SKIPPED and self._writable():
+                    # A suppressed duplicate, as data: what the dashboard counts.
+                    await self.store.control.note(r.job, r.key, self.slot, "skipped", r.claimed_by)
             elif self.id is not None:
                 await self.store.control.end_attempt(self.id, status.value, outcome.error)
             elif status is not RunStatus.RAN:

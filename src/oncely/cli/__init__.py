@@ -555,6 +555,10 @@ from .operate import audit, backfill, cancel, explain, pause, resume  # noqa: E4
 for _command in (pause, resume, backfill, explain, cancel, audit):
     cli.add_command(_command)
 
+from .web import web  # noqa: E402
+
+cli.add_command(web)
+
 
 def main() -> None:
     """Console-script entry point."""

@@ -295,6 +295,11 @@ class Dialect(abc.ABC):
         """A database-time expression for `seconds` from now (a lease's end)."""
         return clock.utcnow() + timedelta(seconds=seconds)
 
+    @abc.abstractmethod
+    def epoch_minute(self, column: Any) -> Any:
+        """An SQL expression: the whole minutes since the Unix epoch of a stored instant (what
+        the dashboard's per-minute counts group by)."""
+
     def listener(
         self, engine: AsyncEngine, on_notify: Callable[[], None]
     ) -> contextlib.AbstractAsyncContextManager[bool]:

@@ -439,6 +439,9 @@ class PostgresDialect(Dialect):
     def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
         return ENQUEUE, enqueue_many_params(params)
 
+    def epoch_minute(self, column: Any) -> Any:
+        return sa.cast(sa.func.floor(sa.extract("epoch", column) / 60), sa.BigInteger)
+
     def after(self, seconds: float) -> Any:
         return sa.func.clock_timestamp() + sa.func.make_interval(
             0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)

@@ -293,3 +293,68 @@ def prune_task_cancels() -> sa.Delete:
     """Delete cancel requests of tasks that are no longer running."""
     running = sa.select(tasks.c.id).where(tasks.c.state == "running")
     return sa.delete(task_cancels).where(task_cancels.c.task_id.not_in(running))
+
+
+# -- the dashboard's reads: bounded by an index, never a whole table ----------------------
+
+
+def window_records(job: str, first: Any, last: Any) -> sa.Select[Any]:
+    """The attempt records of a job's slots in [first, last], oldest first (a timeline)."""
+    return (
+        sa.select(attempts)
+        .where(attempts.c.job == job, attempts.c.slot >= first, attempts.c.slot <= last)
+        .order_by(attempts.c.id)
+    )
+
+
+def records_since(outcomes: list[str], since: Any, cap: int) -> sa.Select[Any]:
+    """How many records of these outcomes were written since `since`, counting at most `cap`."""
+    recent = (
+        sa.select(attempts.c.id)
+        .where(attempts.c.recorded_at >= since, attempts.c.outcome.in_(outcomes))
+        .limit(cap)
+        .subquery()
+    )
+    return sa.select(sa.func.count()).select_from(recent)
+
+
+def records_by_minute(minute: Any, outcomes: list[str], since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, outcome, count) of the newest `cap` records of these outcomes since `since`."""
+    recent = (
+        sa.select(attempts.c.recorded_at, attempts.c.outcome)
+        .where(attempts.c.recorded_at >= since, attempts.c.outcome.in_(outcomes))
+        .order_by(attempts.c.recorded_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.recorded_at).label("minute")
+    return sa.select(bucket, recent.c.outcome, sa.func.count()).group_by(bucket, recent.c.outcome)
+
+
+def claims_by_minute(minute: Any, since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, count) of the newest `cap` claims made since `since`."""
+    recent = (
+        sa.select(runs.c.claimed_at)
+        .where(runs.c.claimed_at >= since)
+        .order_by(runs.c.claimed_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.claimed_at).label("minute")
+    return sa.select(bucket, sa.func.count()).group_by(bucket)
+
+
+def audit_page(
+    job: str | None, action: str | None, actor: str | None, before: int | None, limit: int
+) -> sa.Select[Any]:
+    """The audit trail newest first, filtered, from before id `before` (keyset)."""
+    stmt = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+    if job is not None:
+        stmt = stmt.where(audit.c.job == job)
+    if action is not None:
+        stmt = stmt.where(audit.c.action == action)
+    if actor is not None:
+        stmt = stmt.where(audit.c.actor == actor)
+    if before is not None:
+        stmt = stmt.where(audit.c.id < before)
+    return stmt

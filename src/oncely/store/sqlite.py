@@ -199,6 +199,10 @@ class SQLiteDialect(Dialect):
     def is_missing_table(self, exc: BaseException) -> bool:
         return "no such table: oncely_" in str(exc)
 
+    def epoch_minute(self, column: Any) -> Any:
+        # Instants are stored as naive UTC text: strftime reads them as UTC.
+        return sa.cast(sa.func.strftime("%s", column), sa.Integer) // 60
+
     def is_unavailable(self, exc: BaseException) -> bool:
         return "unable to open database file" in str(exc)
 

@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..masking import mask_url
 from ..model import Claim, TaskRecord
-from . import control, sql, task_store, tasks_sql
+from . import control, sql, task_store, tasks_sql, views
 from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
@@ -137,6 +137,11 @@ class Store:
     def control(self) -> control.Control:
         """The control plane's statements on this store (pauses, attempts, audit, cancel)."""
         return control.Control(self)
+
+    @functools.cached_property
+    def views(self) -> views.Views:
+        """The dashboard's reads on this store (bounded by indexes, never a whole table)."""
+        return views.Views(self)
 
     @property
     def has_control(self) -> bool:

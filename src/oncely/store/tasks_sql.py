@@ -695,3 +695,126 @@ def waiting_by_task() -> sa.Select[Any]:
         .where(tasks.c.state == AVAILABLE)
         .group_by(tasks.c.task)
     )
+
+
+# -- the dashboard's reads: each bounded by an index and a LIMIT --------------------------
+
+
+def task_filters(
+    stmt: Any,
+    *,
+    state: str | None,
+    queue: str | None,
+    task: str | None,
+    after: datetime | None,
+    before: datetime | None,
+) -> Any:
+    """A task listing's filters, applied to a SELECT of oncely_tasks (or of its window)."""
+    if state is not None:
+        stmt = stmt.where(tasks.c.state == state)
+    if queue is not None:
+        stmt = stmt.where(tasks.c.queue == queue)
+    if task is not None:
+        stmt = stmt.where(tasks.c.task == task)
+    if after is not None:
+        stmt = stmt.where(tasks.c.created_at >= after)
+    if before is not None:
+        stmt = stmt.where(tasks.c.created_at < before)
+    return stmt
+
+
+def page_window(below: int | None, window: int) -> Any:
+    """The ids of the `window` newest tasks below id `below`: one step of a bounded walk."""
+    stmt = sa.select(tasks.c.id).order_by(tasks.c.id.desc()).limit(window)
+    if below is not None:
+        stmt = stmt.where(tasks.c.id < below)
+    return stmt
+
+
+def page_in_window(window: Any, limit: int, **filters: Any) -> sa.Select[Any]:
+    """The tasks of a window of ids that pass the filters, newest first."""
+    ids = window.subquery()
+    stmt = sa.select(tasks).where(tasks.c.id.in_(sa.select(ids.c.id)))
+    filtered: sa.Select[Any] = task_filters(stmt, **filters)
+    return filtered.order_by(tasks.c.id.desc()).limit(limit)
+
+
+def window_floor(window: Any) -> sa.Select[Any]:
+    """The lowest id of a window and how many ids it holds."""
+    ids = window.subquery()
+    return sa.select(sa.func.min(ids.c.id), sa.func.count())
+
+
+def failed_page(state: str, below: int | None, limit: int, **filters: Any) -> sa.Select[Any]:
+    """Dead or discarded tasks newest first below id `below` (their own index)."""
+    stmt = sa.select(tasks).where(tasks.c.state == state)
+    if below is not None:
+        stmt = stmt.where(tasks.c.id < below)
+    filtered: sa.Select[Any] = task_filters(stmt, state=None, **filters)
+    return filtered.order_by(tasks.c.id.desc()).limit(limit)
+
+
+def keyed_page(
+    names: Sequence[str], key: str, below: int | None, limit: int, **filters: Any
+) -> sa.Select[Any]:
+    """The tasks of these names with one idempotency key (the key index), newest first."""
+    stmt = sa.select(tasks).where(tasks.c.task.in_(list(names)), tasks.c.idempotency_key == key)
+    if below is not None:
+        stmt = stmt.where(tasks.c.id < below)
+    filtered: sa.Select[Any] = task_filters(stmt, **filters)
+    return filtered.order_by(tasks.c.id.desc()).limit(limit)
+
+
+def newest_id() -> sa.Select[Any]:
+    """The highest task id (where a walk over the tasks starts)."""
+    return sa.select(sa.func.max(tasks.c.id))
+
+
+_STATE_INDEX = {
+    # Each state with the predicate of an index that holds exactly its rows (or a part).
+    AVAILABLE: (
+        sa.and_(tasks.c.state == AVAILABLE, UNLIMITED),
+        sa.and_(tasks.c.state == AVAILABLE, LIMITED),
+    ),
+    RUNNING: (tasks.c.state == RUNNING,),
+    SUCCEEDED: (tasks.c.state == SUCCEEDED,),
+    DISCARDED: (tasks.c.state == DISCARDED,),
+    DEAD: (tasks.c.state == DEAD,),
+}
+
+
+def capped_count(state: str, cap: int) -> sa.Select[Any]:
+    """How many tasks are in one state, counting at most `cap` (per index it reads)."""
+    parts = [
+        sa.select(sa.func.count()).select_from(
+            sa.select(tasks.c.id).where(where).limit(cap).subquery()
+        )
+        for where in _STATE_INDEX[state]
+    ]
+    total: Any = parts[0].scalar_subquery()
+    for part in parts[1:]:
+        total = total + part.scalar_subquery()
+    return sa.select(total)
+
+
+def live_by_queue(state: str, cap: int) -> sa.Select[Any]:
+    """(queue, count) of at most `cap` available or running tasks (per index it reads)."""
+    counted = []
+    for where in _STATE_INDEX[state]:
+        part = sa.select(tasks.c.queue).where(where).limit(cap).subquery()
+        counted.append(sa.select(part.c.queue))
+    rows = sa.union_all(*counted).subquery() if len(counted) > 1 else counted[0].subquery()
+    return sa.select(rows.c.queue, sa.func.count()).group_by(rows.c.queue)
+
+
+def finished_by_minute(minute: Any, state: str, since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, count) of the newest `cap` tasks that ended in `state` since `since`."""
+    recent = (
+        sa.select(tasks.c.finished_at)
+        .where(tasks.c.state == state, tasks.c.finished_at >= since)
+        .order_by(tasks.c.finished_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.finished_at).label("minute")
+    return sa.select(bucket, sa.func.count()).group_by(bucket)

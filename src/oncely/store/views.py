@@ -1,0 +1,171 @@
+"""The dashboard's reads: what a page shows, each read bounded by an index and a LIMIT.
+
+Nothing here counts a whole table: counts stop at a cap (the page says "at least"), task
+listings walk the id index in windows of at most `WINDOW` rows per page (keyset
+pagination: the cursor is the id to continue below), and per-minute counts read the newest
+rows of one time index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..model import Attempt, AuditEntry, TaskRecord
+from . import sql, tasks_sql
+from .control import _attempt, _audit_entry
+from .dialect import Dialect
+from .task_store import record
+
+WINDOW = 5000
+"""Task ids one page of a listing looks at, at most, when no index holds its filter."""
+COUNT_CAP = 10000
+"""A count stops here (per index it reads): the page shows "10,000+"."""
+MINUTE_CAP = 50000
+"""Rows of each series a per-minute strip reads at most (the newest)."""
+
+
+class ViewLedger(Protocol):
+    """What the views need of the store they read (the Store)."""
+
+    dialect: Dialect
+
+    async def _read(self, stmt: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a task listing: its rows, the cursor of the next page (None: the end),
+    and how many rows the walk looked at."""
+
+    tasks: list[TaskRecord]
+    next_cursor: int | None
+    scanned: int
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """What a task listing shows: each field None for "any"."""
+
+    state: str | None = None
+    queue: str | None = None
+    task: str | None = None
+    key: str | None = None
+    after: datetime | None = None
+    before: datetime | None = None
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "queue": self.queue,
+            "task": self.task,
+            "after": self.after,
+            "before": self.before,
+        }
+
+
+class Views:
+    """The dashboard's reads on one store."""
+
+    def __init__(self, store: ViewLedger) -> None:
+        self.store = store
+        self.dialect = store.dialect
+
+    async def task_page(
+        self, where: TaskFilter, cursor: int | None, limit: int, names: Sequence[str]
+    ) -> TaskPage:
+        """A page of tasks newest first, below id `cursor`; `names`: the task names a key
+        is looked up under when the filter names none (the key index leads with the name)."""
+        read = self.store._read
+        columns = where.columns()
+        if where.key is not None:
+            looked = [where.task] if where.task is not None else list(names)
+            if not looked:
+                return TaskPage([], None, 0)
+            columns["task"] = None
+            stmt = tasks_sql.keyed_page(looked, where.key, cursor, limit + 1, **columns)
+            return self._page([record(r) for r in await read(stmt)], limit, None, 0)
+        if where.state in (tasks_sql.DEAD, tasks_sql.DISCARDED):
+            state = columns.pop("state")
+            stmt = tasks_sql.failed_page(state, cursor, limit + 1, **columns)
+            return self._page([record(r) for r in await read(stmt)], limit, None, 0)
+        window = tasks_sql.page_window(cursor, WINDOW)
+        rows = await read(tasks_sql.page_in_window(window, limit + 1, **columns))
+        floor, scanned = (await read(tasks_sql.window_floor(window)))[0]
+        more = floor if scanned == WINDOW else None
+        return self._page([record(r) for r in rows], limit, more, int(scanned))
+
+    @staticmethod
+    def _page(found: list[TaskRecord], limit: int, more: int | None, scanned: int) -> TaskPage:
+        if len(found) > limit:
+            return TaskPage(found[:limit], found[limit - 1].id, scanned)
+        return TaskPage(found, more, scanned)
+
+    async def newest_task_id(self) -> int | None:
+        """The highest task id, if any."""
+        rows = await self.store._read(tasks_sql.newest_id())
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    async def task_counts(self, cap: int = COUNT_CAP) -> dict[str, int]:
+        """Tasks in each state, each count stopping at `cap` (per index it reads)."""
+        counts = {}
+        for state in (*_LIVE, *tasks_sql.FINISHED):
+            rows = await self.store._read(tasks_sql.capped_count(state, cap))
+            counts[state] = int(rows[0][0] or 0)
+        return counts
+
+    async def live_by_queue(self, cap: int = COUNT_CAP) -> dict[str, dict[str, int]]:
+        """Available and running tasks by queue (each state's rows read stop at `cap`)."""
+        found: dict[str, dict[str, int]] = {}
+        for state in _LIVE:
+            for queue, n in await self.store._read(tasks_sql.live_by_queue(state, cap)):
+                found.setdefault(queue, {})[state] = int(n)
+        return found
+
+    async def window_records(self, job: str, first: datetime, last: datetime) -> list[Attempt]:
+        """The attempt records of a job's slots in [first, last] (alive unknown: False)."""
+        rows = await self.store._read(sql.window_records(job, first, last))
+        return [_attempt(r) for r in rows]
+
+    async def duplicates_since(self, since: datetime, cap: int = COUNT_CAP) -> int:
+        """Duplicate slot attempts recorded since `since` (counting at most `cap`)."""
+        rows = await self.store._read(sql.records_since(["skipped"], since, cap))
+        return int(rows[0][0] or 0)
+
+    async def per_minute(self, since: datetime, cap: int = MINUTE_CAP) -> dict[str, dict[int, int]]:
+        """Counts per minute (minutes since the epoch) since `since`, by series: `runs`
+        (claims), `failures` (failed, timed out, cancelled attempts), `duplicates`,
+        `tasks` (succeeded) and `dead` (tasks that died or were discarded)."""
+        minute = self.dialect.epoch_minute
+        read = self.store._read
+        series: dict[str, dict[int, int]] = {k: {} for k in _SERIES}
+        for m, n in await read(sql.claims_by_minute(minute, since, cap)):
+            series["runs"][int(m)] = int(n)
+        outcomes = [*_FAILURES, "skipped"]
+        for m, outcome, n in await read(sql.records_by_minute(minute, outcomes, since, cap)):
+            name = "duplicates" if outcome == "skipped" else "failures"
+            series[name][int(m)] = series[name].get(int(m), 0) + int(n)
+        for state, name in ((tasks_sql.SUCCEEDED, "tasks"), (tasks_sql.DEAD, "dead")):
+            for m, n in await read(tasks_sql.finished_by_minute(minute, state, since, cap)):
+                series[name][int(m)] = int(n)
+        return series
+
+    async def audit(
+        self,
+        *,
+        job: str | None = None,
+        action: str | None = None,
+        actor: str | None = None,
+        before: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        """The audit trail newest first, filtered, below id `before`."""
+        stmt = sql.audit_page(job, action, actor, before, limit)
+        return [_audit_entry(r) for r in await self.store._read(stmt)]
+
+
+_LIVE = (tasks_sql.AVAILABLE, tasks_sql.RUNNING)
+_FAILURES = ["failed", "timeout", "cancelled"]
+_SERIES = ("runs", "failures", "duplicates", "tasks", "dead")

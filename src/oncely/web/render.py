@@ -1,0 +1,153 @@
+"""The dashboard's shared plumbing: its settings, the templates, access and CSRF checks, and
+the responses every page returns (a page, an error page, a redirect with a flash message)."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from ..app import Oncely
+from ..masking import mask_secrets
+from .access import CSRF_COOKIE, Access, Resolver, new_secret, resolve, same
+
+FLASH_COOKIE = "oncely_flash"
+Redactor = Callable[[str, dict[str, object]], object]
+"""`redact(task_name, args) -> what the pages show of the arguments`."""
+
+
+@dataclass
+class Settings:
+    """What one mounted dashboard is configured with."""
+
+    app: Oncely
+    resolver: Resolver
+    redact: Redactor | None
+    key: bytes
+    token: str | None = None
+    title: str = "oncely"
+    env: jinja2.Environment = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("oncely.web", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters["iso"] = iso
+        self.env.filters["ms"] = ms
+        self.env.filters["mask"] = mask_secrets
+        self.env.filters["number"] = lambda n: f"{n:,}"
+
+
+def iso(t: datetime | None) -> str:
+    """A time as the pages show it: ISO 8601, to the second, with its offset."""
+    return t.isoformat(timespec="seconds") if t is not None else "-"
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def base(request: Request) -> str:
+    """The URL prefix the dashboard is mounted under ('' at the root)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def csrf_token(request: Request) -> tuple[str, bool]:
+    """The request's CSRF token (from its cookie) and whether it is new (to be set)."""
+    value = request.cookies.get(CSRF_COOKIE)
+    if value:
+        return value, False
+    value = request.scope.get("oncely.csrf")
+    if value:
+        return str(value), True
+    value = new_secret()
+    request.scope["oncely.csrf"] = value
+    return value, True
+
+
+def csrf_ok(request: Request, form: Any) -> bool:
+    """Whether a POST carries the CSRF token of its cookie (double submit)."""
+    cookie = request.cookies.get(CSRF_COOKIE)
+    given = form.get("csrf")
+    return bool(cookie) and isinstance(given, str) and same(given, cookie or "")
+
+
+def _finish(request: Request, response: Response) -> Response:
+    token, fresh = csrf_token(request)
+    if fresh:
+        response.set_cookie(
+            CSRF_COOKIE,
+            token,
+            httponly=True,
+            samesite="strict",
+            path=base(request) or "/",
+            secure=request.url.scheme == "https",
+        )
+    if request.cookies.get(FLASH_COOKIE) and request.method == "GET":
+        response.delete_cookie(FLASH_COOKIE, path=base(request) or "/")
+    return response
+
+
+def page(
+    settings: Settings,
+    request: Request,
+    template: str,
+    access: Access | None,
+    status: int = 200,
+    **context: Any,
+) -> Response:
+    """Render a page (with the flash message of the redirect that led here, if any)."""
+    flash = request.cookies.get(FLASH_COOKIE) if request.method == "GET" else None
+    html = settings.env.get_template(template).render(
+        base=base(request),
+        csrf=csrf_token(request)[0],
+        access=access,
+        title=settings.title,
+        flash=urllib.parse.unquote(flash) if flash else None,
+        database=settings.app.store.display_url,
+        **context,
+    )
+    return _finish(request, HTMLResponse(html, status_code=status))
+
+
+def error(
+    settings: Settings, request: Request, status: int, message: str, access: Access | None = None
+) -> Response:
+    """An error page: the message (credentials masked) in `data-testid="error"`."""
+    return page(
+        settings, request, "error.html", access, status=status, message=mask_secrets(message)
+    )
+
+
+def redirect(request: Request, to: str, flash: str) -> Response:
+    """303 to `to` (under the mount), with a flash message for the page it lands on."""
+    response = RedirectResponse(base(request) + to, status_code=303)
+    response.set_cookie(
+        FLASH_COOKIE,
+        urllib.parse.quote(mask_secrets(flash)[:500]),
+        httponly=True,
+        samesite="strict",
+        path=base(request) or "/",
+        max_age=60,
+    )
+    return response
+
+
+async def access_of(settings: Settings, request: Request) -> Access | None:
+    return await resolve(settings.resolver, request)
+
+
+def pretty(value: object) -> str:
+    """JSON, indented, for the task pages (anything JSON cannot write is shown as text)."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)

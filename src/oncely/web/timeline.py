@@ -1,0 +1,128 @@
+"""A job's last N expected slots, each with its outcome and explanation, from a handful of
+bounded reads (the claims of those keys, the records of that window, the pauses, what runs
+now) and the pure `explain_slot`: never one query per slot."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from ..app import Oncely
+from ..explain import explain_slot
+from ..model import Attempt, Claim, Explanation
+from ..registry import Job
+
+MAX_SLOTS = 500
+"""The most slots one timeline shows (`?n=`)."""
+
+OUTCOMES = ("ran", "failed", "timed_out", "cancelled", "paused", "missed", "running")
+"""The colours of a timeline's marks."""
+
+_OUTCOME = {
+    "ran": "ran",
+    "running": "running",
+    "failed": "failed",
+    "died": "failed",
+    "timeout": "timed_out",
+    "cancelled": "cancelled",
+    "paused": "paused",
+}
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One expected slot of a job, as the timeline shows it."""
+
+    at: datetime
+    key: str
+    outcome: str
+    """One of OUTCOMES."""
+    explanation: Explanation
+    claim: Claim | None
+    duplicates: int
+    running: Attempt | None
+
+    @property
+    def claimer(self) -> str | None:
+        if self.claim is not None:
+            return self.claim.claimed_by
+        return self.running.replica if self.running is not None else None
+
+    @property
+    def duration(self) -> float | None:
+        return self.claim.duration if self.claim is not None else None
+
+
+def expected_slots(job: Job, now: datetime, n: int) -> list[datetime]:
+    """The last `n` slots of a job due at or before `now`, oldest first."""
+    found: list[datetime] = []
+    at: datetime | None = now
+    while at is not None and len(found) < n:
+        at = job.schedule.latest_at_or_before(at)
+        if at is None:
+            break
+        found.append(at)
+        at = at - timedelta(seconds=1)  # slots are whole seconds apart
+    return list(reversed(found))
+
+
+async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotView]:
+    """The last `n` slots of `job`, oldest first, each explained."""
+    slots = expected_slots(job, now, n)
+    if not slots:
+        return []
+    keys = [job.key_for(s) for s in slots]
+    store = app.store
+    control = store.control
+    claims = await control.claims(job.name, keys)
+    running = {a.key: a for a in await control.running(job.name)}
+    alive = {a.id for a in running.values()}
+    records = await store.views.window_records(job.name, slots[0], slots[-1])
+    pauses = await control.job_pauses(job.name)
+    by_key: dict[str | None, list[Attempt]] = {}
+    for r in records:
+        if r.outcome is None and r.id in alive:
+            r = dataclasses.replace(r, alive=True)
+        by_key.setdefault(r.key, []).append(r)
+    missed = by_key.get(None, [])
+    views = []
+    for at, key in zip(slots, keys, strict=True):
+        mine = by_key.get(key, []) + [r for r in missed if _covers(r, at)]
+        explanation = explain_slot(
+            job=job.name,
+            key=key,
+            slot=at,
+            now=now,
+            catch_up=job.catch_up,
+            claim=claims.get(key),
+            records=[r for r in mine if r.outcome != "skipped"],
+            pauses=pauses,
+        )
+        views.append(
+            SlotView(
+                at=at,
+                key=key,
+                outcome=_OUTCOME.get(explanation.answer, "missed"),
+                explanation=explanation,
+                claim=claims.get(key),
+                duplicates=sum(1 for r in mine if r.outcome == "skipped"),
+                running=running.get(key),
+            )
+        )
+    return views
+
+
+def counts(views: list[SlotView]) -> dict[str, int]:
+    """How many marks of each colour."""
+    found = dict.fromkeys(OUTCOMES, 0)
+    for v in views:
+        found[v.outcome] += 1
+    return found
+
+
+def _covers(record: Attempt, at: datetime) -> bool:
+    """Whether a `missed` record's range holds the slot at `at`."""
+    if record.outcome != "missed" or record.slot is None:
+        return False
+    return record.slot <= at <= (record.slot_last or record.slot)
