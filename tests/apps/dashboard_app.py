@@ -6,6 +6,7 @@ call into `effects` (job, slot), so a test counts effects, not pixels.
 - `scripted`: every second, 10 s timeout; what a slot does is read from the `script` table
   (slot ISO -> `fail` raises, `slow` outlives the timeout, `hold` waits for the file
   $ONCELY_TEST_HOLD), else it writes its effect: a test writes the history it then counts;
+- `report`: every hour, the same script as `scripted` (the docs' screenshots: a day of it);
 - `yearly`: once a year, for a worker that should run tasks and (almost) no slots;
 - tasks `send_receipt` (queue `mail`: a negative order raises, one attempt: dead at once),
   `resize_image` (queue `media`) and `sync_crm` (queue `default`).
@@ -57,16 +58,22 @@ async def _wait_for_release() -> None:
         await asyncio.sleep(0.02)
 
 
-@app.job(every(seconds=1), timeout=timedelta(seconds=10))
-async def scripted(db, now: datetime):  # type: ignore[no-untyped-def]
-    behaviour = (await db.execute(_BEHAVIOUR, {"s": now.isoformat()})).scalar()
-    if behaviour == "fail":
-        raise UpstreamError("the upstream answered 503")
-    if behaviour == "slow":
-        await asyncio.sleep(60)
-    if behaviour == "hold":
-        await _wait_for_release()
-    await db.execute(_INSERT, {"j": "scripted", "s": now.isoformat()})
+def _scripted(name: str):  # type: ignore[no-untyped-def]
+    async def job(db, now: datetime):  # type: ignore[no-untyped-def]
+        behaviour = (await db.execute(_BEHAVIOUR, {"s": now.isoformat()})).scalar()
+        if behaviour == "fail":
+            raise UpstreamError("the upstream answered 503")
+        if behaviour == "slow":
+            await asyncio.sleep(60)
+        if behaviour == "hold":
+            await _wait_for_release()
+        await db.execute(_INSERT, {"j": name, "s": now.isoformat()})
+
+    return job
+
+
+app.job(every(seconds=1), name="scripted", timeout=timedelta(seconds=10))(_scripted("scripted"))
+app.job(every(hours=1), name="report", timeout=timedelta(seconds=2))(_scripted("report"))
 
 
 @app.task(queue="mail", retry=RetryPolicy(attempts=1))

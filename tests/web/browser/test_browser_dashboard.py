@@ -43,6 +43,7 @@ def test_overview_lists_every_job_and_its_pause(site: Site, page: Any) -> None:
     assert job_rows(page) == {
         "beat": "false",
         "nightly": "false",
+        "report": "false",
         "scripted": "false",
         "yearly": "false",
     }
