@@ -157,7 +157,7 @@ def main() -> int:
     parser.add_argument("--database-url", help="an empty database (default: a new SQLite file)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory(prefix="oncely-docs-") as folder:
         tmp = Path(folder)
         url = args.database_url or f"sqlite:///{tmp / 'dashboard.db'}"
         os.environ["ONCELY_TEST_HOLD"] = str(tmp / "release")
