@@ -457,8 +457,8 @@ class Record:
     claimed), so that it can be explained ("running", or "died" with its process) and
     cancelled while it runs. SQLite's write lock is the attempt's from its claim to its
     commit: there no start is recorded. A duplicate (its slot was claimed before) leaves a
-    `skipped` record, so that suppressed duplicates can be counted from the database (the
-    dashboard). Recording is best effort: a record that cannot be written leaves the attempt
+    row in oncely_duplicates, so that suppressed duplicates can be counted from the database
+    (the dashboard). Recording is best effort: a record that cannot be written leaves the attempt
     as it is (explain says less about it).
     """
 
@@ -505,7 +505,7 @@ class Record:
                     await self.store.control.forget_attempt(self.id)
                 if status is RunStatus.SKIPPED and self._writable():
                     # A suppressed duplicate, as data: what the dashboard counts.
-                    await self.store.control.note(r.job, r.key, self.slot, "skipped", r.claimed_by)
+                    await self.store.control.duplicate(r.job, r.key, self.slot, r.claimed_by)
             elif self.id is not None:
                 await self.store.control.end_attempt(self.id, status.value, outcome.error)
             elif status is not RunStatus.RAN:

@@ -68,6 +68,7 @@ def as_v2(engine: sa.Engine) -> None:
         conn.exec_driver_sql("CREATE INDEX oncely_tasks_state ON oncely_tasks (state, finished_at)")
         for table in ("oncely_attempts", "oncely_pauses", "oncely_audit", "oncely_task_cancels"):
             conn.exec_driver_sql(f"DROP TABLE {table}")  # v4's
+        conn.exec_driver_sql("DROP TABLE oncely_duplicates")  # v8's
         conn.exec_driver_sql("DELETE FROM oncely_schema WHERE version > 2")
 
 

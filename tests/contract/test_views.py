@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from oncely.store import Store
 from oncely.store import views as views_module
-from oncely.store.tables import attempts, runs, tasks
+from oncely.store.tables import attempts, duplicates, runs, tasks
 from oncely.store.views import TaskFilter
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
@@ -120,13 +120,16 @@ async def test_per_minute_counts_and_duplicates(store: Store) -> None:
         store,
         attempts,
         [
-            {**base, "key": "0", "outcome": "skipped"},  # every row names every column
-            {**base, "key": "0", "outcome": "skipped"},  # every row names every column
             {**base, "key": "1", "outcome": "failed"},
             {**base, "key": "2", "outcome": "timeout"},
             {**base, "key": "2", "outcome": "missed"},
-            {**base, "key": "9", "outcome": "skipped", "recorded_at": now - timedelta(days=2)},
         ],
+    )
+    dup = {"job": "j", "replica": "r2", "recorded_at": now, "key": "0", "slot": now}
+    await _insert(
+        store,
+        duplicates,
+        [dup, {**dup, "key": "1"}, {**dup, "key": "0", "recorded_at": now - timedelta(days=2)}],
     )
     series = await store.views.per_minute(now - timedelta(hours=1))
     assert series["runs"] == {minute: 3}
@@ -134,5 +137,19 @@ async def test_per_minute_counts_and_duplicates(store: Store) -> None:
     assert series["failures"] == {minute: 2}
     assert await store.views.duplicates_since(now - timedelta(hours=24)) == 2
     assert await store.views.duplicates_since(now - timedelta(hours=24), cap=1) == 1
+    assert await store.views.duplicates_of("j", ["0", "1", "2"]) == {"0": 2, "1": 1}
     records = await store.views.window_records("j", now - timedelta(days=1), now)
     assert records == []  # these records name no slot
+
+
+async def test_prune_deletes_old_duplicates(store: Store) -> None:
+    from oncely.store.control import Action
+
+    now = await store.database_time()
+    dup = {"job": "j", "replica": "r", "key": "0", "slot": now, "recorded_at": now}
+    await _insert(store, duplicates, [dup, {**dup, "recorded_at": now - timedelta(days=40)}])
+    counts = await store.control.prune(
+        Action("ana@ops", "prune", "older than 30d"), now - timedelta(days=30)
+    )
+    assert counts["duplicates"] == 1
+    assert await store.views.duplicates_since(now - timedelta(days=365)) == 1

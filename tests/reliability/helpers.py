@@ -32,6 +32,7 @@ TABLES = (
     "oncely_pauses",
     "oncely_audit",
     "oncely_task_cancels",
+    "oncely_duplicates",
 )
 
 

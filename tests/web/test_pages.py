@@ -18,6 +18,8 @@ async def _history(web: Web) -> None:
     app = web.app
     await app.run("hourly", web.last_hour(2))
     await app.run("hourly", web.last_hour(2))  # a duplicate: suppressed, recorded
+    key = web.last_hour(2).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert web.rows("SELECT job, key FROM oncely_duplicates") == [("hourly", key)]
     await app.run("hourly", web.last_hour(4))
     await app.attempt("boom", web.last_hour(3))
 

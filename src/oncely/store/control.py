@@ -55,6 +55,9 @@ class ControlLedger(Protocol):
     def has_control(self) -> bool: ...
 
     @property
+    def has_duplicates(self) -> bool: ...
+
+    @property
     def display_url(self) -> str: ...
 
 
@@ -325,6 +328,20 @@ class Control:
         async with self._write(record=True) as conn:
             await conn.execute(sql.record_attempt(values))
 
+    async def duplicate(self, job: str, key: str, slot: datetime, replica: str) -> None:
+        """Record a suppressed duplicate attempt (none on a database older than schema 8)."""
+        if not self.store.has_duplicates:
+            return
+        values = {
+            "job": job,
+            "key": key,
+            "slot": slot,
+            "replica": replica[:255],
+            "recorded_at": self.dialect.now(),
+        }
+        async with self._write(record=True) as conn:
+            await conn.execute(sql.record_duplicate(values))
+
     async def cancel_request(self, attempt_id: int) -> str | None:
         """Who asked this running attempt to stop (None: nobody)."""
         rows = await self.store._read(sql.cancel_request(attempt_id))
@@ -575,11 +592,14 @@ class Control:
         counts: dict[str, int] = {}
         counts["tasks"], counts["claims"] = await self.store.tasks.prune(before)
         async with self._write() as conn:
-            for name, stmt in (
+            statements = [
                 ("attempts", sql.prune_attempts(before)),
                 ("pauses", sql.prune_pauses(before)),
                 ("cancel requests", sql.prune_task_cancels()),
-            ):
+            ]
+            if self.store.has_duplicates:
+                statements.append(("duplicates", sql.prune_duplicates(before)))
+            for name, stmt in statements:
                 counts[name] = int((await conn.execute(stmt)).rowcount or 0)
             await self._audit(conn, action, ", ".join(f"{n} {k}" for k, n in counts.items()))
         return counts

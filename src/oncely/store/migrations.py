@@ -13,6 +13,7 @@ from .dialects import dialect_for
 from .tables import (
     attempts,
     audit,
+    duplicates,
     pauses,
     runs,
     schema_versions,
@@ -101,6 +102,12 @@ def _v7_failed_index(conn: Connection) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _v8_duplicates(conn: Connection) -> None:
+    # A new table only: an oncely without it runs on v8, and this one runs on v7 without
+    # recording duplicates (`Store.has_duplicates`).
+    duplicates.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -111,6 +118,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (5, "oncely_workers: live task workers and the task names they lease", _v5_workers),
     (6, "the control plane: attempts, pauses, the audit trail, task cancel requests", _v6_control),
     (7, "oncely_tasks: a partial index for listing dead and discarded tasks", _v7_failed_index),
+    (8, "oncely_duplicates: suppressed duplicate slot attempts", _v8_duplicates),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -120,6 +128,9 @@ CONTROL = 6
 """The schema version that holds the control plane's tables (pause, attempts, audit, cancel):
 on an older database the worker and `oncely run` work as before, without pauses or attempt
 records, and the operator's commands ask for `oncely migrate`."""
+
+DUPLICATES = 8
+"""The schema version that holds oncely_duplicates: older databases record no duplicates."""
 
 REQUIRED = 4
 """The oldest schema this oncely runs on. v4 adds the columns that this oncely's enqueue and

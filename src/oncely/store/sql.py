@@ -12,7 +12,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.dml import Insert
 
-from .tables import UTCDateTime, attempts, audit, pauses, runs, schema_versions, task_cancels, tasks
+from .tables import (
+    UTCDateTime,
+    attempts,
+    audit,
+    duplicates,
+    pauses,
+    runs,
+    schema_versions,
+    task_cancels,
+    tasks,
+)
 
 NOW = sa.bindparam("now", type_=UTCDateTime())
 """Database time as a bound value, for a database with no clock of its own (SQLite)."""
@@ -307,28 +317,57 @@ def window_records(job: str, first: Any, last: Any) -> sa.Select[Any]:
     )
 
 
-def records_since(outcomes: list[str], since: Any, cap: int) -> sa.Select[Any]:
-    """How many records of these outcomes were written since `since`, counting at most `cap`."""
+def record_duplicate(values: dict[str, Any]) -> sa.Insert:
+    """Record a suppressed duplicate attempt at a claimed slot."""
+    return sa.insert(duplicates).values(**values)
+
+
+def prune_duplicates(before: Any) -> sa.Delete:
+    """Delete duplicate records older than `before`."""
+    return sa.delete(duplicates).where(duplicates.c.recorded_at < before)
+
+
+def duplicates_of(job: str, keys: list[str]) -> sa.Select[Any]:
+    """(key, count) of the suppressed duplicates of some slots of a job."""
+    return (
+        sa.select(duplicates.c.key, sa.func.count())
+        .where(duplicates.c.job == job, duplicates.c.key.in_(keys))
+        .group_by(duplicates.c.key)
+    )
+
+
+def duplicates_since(since: Any, cap: int) -> sa.Select[Any]:
+    """How many duplicates were recorded since `since`, counting at most `cap`."""
     recent = (
-        sa.select(attempts.c.id)
-        .where(attempts.c.recorded_at >= since, attempts.c.outcome.in_(outcomes))
-        .limit(cap)
-        .subquery()
+        sa.select(duplicates.c.id).where(duplicates.c.recorded_at >= since).limit(cap).subquery()
     )
     return sa.select(sa.func.count()).select_from(recent)
 
 
 def records_by_minute(minute: Any, outcomes: list[str], since: Any, cap: int) -> sa.Select[Any]:
-    """(minute, outcome, count) of the newest `cap` records of these outcomes since `since`."""
+    """(minute, count) of the newest `cap` attempt records of these outcomes since `since`."""
     recent = (
-        sa.select(attempts.c.recorded_at, attempts.c.outcome)
+        sa.select(attempts.c.recorded_at)
         .where(attempts.c.recorded_at >= since, attempts.c.outcome.in_(outcomes))
         .order_by(attempts.c.recorded_at.desc())
         .limit(cap)
         .subquery()
     )
     bucket = minute(recent.c.recorded_at).label("minute")
-    return sa.select(bucket, recent.c.outcome, sa.func.count()).group_by(bucket, recent.c.outcome)
+    return sa.select(bucket, sa.func.count()).group_by(bucket)
+
+
+def duplicates_by_minute(minute: Any, since: Any, cap: int) -> sa.Select[Any]:
+    """(minute, count) of the newest `cap` duplicates recorded since `since`."""
+    recent = (
+        sa.select(duplicates.c.recorded_at)
+        .where(duplicates.c.recorded_at >= since)
+        .order_by(duplicates.c.recorded_at.desc())
+        .limit(cap)
+        .subquery()
+    )
+    bucket = minute(recent.c.recorded_at).label("minute")
+    return sa.select(bucket, sa.func.count()).group_by(bucket)
 
 
 def claims_by_minute(minute: Any, since: Any, cap: int) -> sa.Select[Any]:
@@ -342,6 +381,16 @@ def claims_by_minute(minute: Any, since: Any, cap: int) -> sa.Select[Any]:
     )
     bucket = minute(recent.c.claimed_at).label("minute")
     return sa.select(bucket, sa.func.count()).group_by(bucket)
+
+
+def series_by_minute(series: dict[str, sa.Select[Any]]) -> Any:
+    """Several (minute, count) reads as one: (series, minute, count) rows, one round trip."""
+    parts = []
+    for name, stmt in series.items():
+        sub = stmt.subquery()
+        minute, count = sub.c[0], sub.c[1]
+        parts.append(sa.select(sa.literal(name).label("series"), minute, count))
+    return sa.union_all(*parts)
 
 
 def audit_page(

@@ -43,7 +43,7 @@ from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
-from .migrations import CONTROL, LATEST, REQUIRED, apply_migrations
+from .migrations import CONTROL, DUPLICATES, LATEST, REQUIRED, apply_migrations
 from .outcome import task_landed
 from .plan import run, run_async
 from .session import (
@@ -148,6 +148,11 @@ class Store:
         """Whether the database has the control plane's tables (known once the schema was
         checked: `ensure_schema`, `migrate`)."""
         return self._version is not None and self._version >= CONTROL
+
+    @property
+    def has_duplicates(self) -> bool:
+        """Whether the database records suppressed duplicates (schema 8)."""
+        return self._version is not None and self._version >= DUPLICATES
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool

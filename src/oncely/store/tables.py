@@ -236,3 +236,22 @@ task_cancels = sa.Table(
 # gets its entry once, if it ends that way.
 _FAILED = tasks.c.state.in_(["discarded", "dead"])
 _partial_index("oncely_tasks_failed", tasks.c.state, tasks.c.id, where=_FAILED)
+
+
+# Suppressed duplicate slot attempts (schema v8): one row per attempt that found its slot
+# claimed, written after it, outside any job transaction (best effort). What the dashboard
+# counts; a table of its own, so that the attempt records that explain and cancel read stay
+# as few as the attempts that ran.
+duplicates = sa.Table(
+    "oncely_duplicates",
+    metadata,
+    sa.Column("id", _ROW_ID, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False),
+    sa.Column("key", sa.String(200), nullable=False),
+    sa.Column("slot", UTCDateTime(), nullable=True),
+    sa.Column("replica", sa.String(255), nullable=False),
+    sa.Column("recorded_at", UTCDateTime(), nullable=False),
+    comment="One row per suppressed duplicate attempt at a claimed slot (the dashboard's count).",
+)
+sa.Index("oncely_duplicates_slot", duplicates.c.job, duplicates.c.key)
+sa.Index("oncely_duplicates_recorded_at", duplicates.c.recorded_at)

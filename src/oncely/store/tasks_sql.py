@@ -731,18 +731,24 @@ def page_window(below: int | None, window: int) -> Any:
     return stmt
 
 
-def page_in_window(window: Any, limit: int, **filters: Any) -> sa.Select[Any]:
-    """The tasks of a window of ids that pass the filters, newest first."""
-    ids = window.subquery()
-    stmt = sa.select(tasks).where(tasks.c.id.in_(sa.select(ids.c.id)))
-    filtered: sa.Select[Any] = task_filters(stmt, **filters)
-    return filtered.order_by(tasks.c.id.desc()).limit(limit)
-
-
 def window_floor(window: Any) -> sa.Select[Any]:
     """The lowest id of a window and how many ids it holds."""
     ids = window.subquery()
     return sa.select(sa.func.min(ids.c.id), sa.func.count())
+
+
+def page_between(
+    floor: int | None, below: int | None, limit: int, **filters: Any
+) -> sa.Select[Any]:
+    """The tasks with ids in [floor, below) that pass the filters, newest first: a range of
+    the id index, as long as one window at most."""
+    stmt = sa.select(tasks)
+    if floor is not None:
+        stmt = stmt.where(tasks.c.id >= floor)
+    if below is not None:
+        stmt = stmt.where(tasks.c.id < below)
+    filtered: sa.Select[Any] = task_filters(stmt, **filters)
+    return filtered.order_by(tasks.c.id.desc()).limit(limit)
 
 
 def failed_page(state: str, below: int | None, limit: int, **filters: Any) -> sa.Select[Any]:
@@ -783,28 +789,37 @@ _STATE_INDEX = {
 }
 
 
-def capped_count(state: str, cap: int) -> sa.Select[Any]:
-    """How many tasks are in one state, counting at most `cap` (per index it reads)."""
-    parts = [
-        sa.select(sa.func.count()).select_from(
-            sa.select(tasks.c.id).where(where).limit(cap).subquery()
-        )
-        for where in _STATE_INDEX[state]
-    ]
-    total: Any = parts[0].scalar_subquery()
-    for part in parts[1:]:
-        total = total + part.scalar_subquery()
-    return sa.select(total)
+def capped_counts(states: Sequence[str], cap: int) -> sa.Select[Any]:
+    """How many tasks are in each of these states (one column each, in order), each count
+    stopping at `cap` per index it reads: one round trip."""
+    columns = []
+    for state in states:
+        parts = [
+            sa.select(sa.func.count())
+            .select_from(sa.select(tasks.c.id).where(where).limit(cap).subquery())
+            .scalar_subquery()
+            for where in _STATE_INDEX[state]
+        ]
+        total: Any = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        columns.append(total.label(state))
+    return sa.select(*columns)
 
 
-def live_by_queue(state: str, cap: int) -> sa.Select[Any]:
-    """(queue, count) of at most `cap` available or running tasks (per index it reads)."""
+def live_by_queue(states: Sequence[str], cap: int) -> Any:
+    """(state, queue, count) of at most `cap` tasks per index of each of these states (the
+    available and running ones): one round trip."""
     counted = []
-    for where in _STATE_INDEX[state]:
-        part = sa.select(tasks.c.queue).where(where).limit(cap).subquery()
-        counted.append(sa.select(part.c.queue))
-    rows = sa.union_all(*counted).subquery() if len(counted) > 1 else counted[0].subquery()
-    return sa.select(rows.c.queue, sa.func.count()).group_by(rows.c.queue)
+    for state in states:
+        for where in _STATE_INDEX[state]:
+            part = sa.select(tasks.c.queue).where(where).limit(cap).subquery()
+            counted.append(
+                sa.select(sa.literal(state).label("state"), part.c.queue, sa.func.count()).group_by(
+                    part.c.queue
+                )
+            )
+    return sa.union_all(*counted)
 
 
 def finished_by_minute(minute: Any, state: str, since: Any, cap: int) -> sa.Select[Any]:

@@ -32,6 +32,9 @@ class ViewLedger(Protocol):
 
     dialect: Dialect
 
+    @property
+    def has_duplicates(self) -> bool: ...
+
     async def _read(self, stmt: Any) -> list[Any]: ...
 
 
@@ -92,8 +95,10 @@ class Views:
             stmt = tasks_sql.failed_page(state, cursor, limit + 1, **columns)
             return self._page([record(r) for r in await read(stmt)], limit, None, 0)
         window = tasks_sql.page_window(cursor, WINDOW)
-        rows = await read(tasks_sql.page_in_window(window, limit + 1, **columns))
         floor, scanned = (await read(tasks_sql.window_floor(window)))[0]
+        if not scanned:
+            return TaskPage([], None, 0)
+        rows = await read(tasks_sql.page_between(floor, cursor, limit + 1, **columns))
         more = floor if scanned == WINDOW else None
         return self._page([record(r) for r in rows], limit, more, int(scanned))
 
@@ -110,18 +115,15 @@ class Views:
 
     async def task_counts(self, cap: int = COUNT_CAP) -> dict[str, int]:
         """Tasks in each state, each count stopping at `cap` (per index it reads)."""
-        counts = {}
-        for state in (*_LIVE, *tasks_sql.FINISHED):
-            rows = await self.store._read(tasks_sql.capped_count(state, cap))
-            counts[state] = int(rows[0][0] or 0)
-        return counts
+        states = (*_LIVE, *tasks_sql.FINISHED)
+        (row,) = await self.store._read(tasks_sql.capped_counts(states, cap))
+        return {state: int(n or 0) for state, n in zip(states, row, strict=True)}
 
     async def live_by_queue(self, cap: int = COUNT_CAP) -> dict[str, dict[str, int]]:
         """Available and running tasks by queue (each state's rows read stop at `cap`)."""
         found: dict[str, dict[str, int]] = {}
-        for state in _LIVE:
-            for queue, n in await self.store._read(tasks_sql.live_by_queue(state, cap)):
-                found.setdefault(queue, {})[state] = int(n)
+        for state, queue, n in await self.store._read(tasks_sql.live_by_queue(_LIVE, cap)):
+            found.setdefault(queue, {})[state] = found.get(queue, {}).get(state, 0) + int(n)
         return found
 
     async def window_records(self, job: str, first: datetime, last: datetime) -> list[Attempt]:
@@ -131,25 +133,34 @@ class Views:
 
     async def duplicates_since(self, since: datetime, cap: int = COUNT_CAP) -> int:
         """Duplicate slot attempts recorded since `since` (counting at most `cap`)."""
-        rows = await self.store._read(sql.records_since(["skipped"], since, cap))
+        if not self.store.has_duplicates:
+            return 0
+        rows = await self.store._read(sql.duplicates_since(since, cap))
         return int(rows[0][0] or 0)
+
+    async def duplicates_of(self, job: str, keys: Sequence[str]) -> dict[str, int]:
+        """How many duplicates of each of these slots of a job were suppressed."""
+        if not keys or not self.store.has_duplicates:
+            return {}
+        rows = await self.store._read(sql.duplicates_of(job, list(keys)))
+        return {key: int(n) for key, n in rows}
 
     async def per_minute(self, since: datetime, cap: int = MINUTE_CAP) -> dict[str, dict[int, int]]:
         """Counts per minute (minutes since the epoch) since `since`, by series: `runs`
         (claims), `failures` (failed, timed out, cancelled attempts), `duplicates`,
         `tasks` (succeeded) and `dead` (tasks that died or were discarded)."""
         minute = self.dialect.epoch_minute
-        read = self.store._read
+        reads = {
+            "runs": sql.claims_by_minute(minute, since, cap),
+            "failures": sql.records_by_minute(minute, _FAILURES, since, cap),
+            "tasks": tasks_sql.finished_by_minute(minute, tasks_sql.SUCCEEDED, since, cap),
+            "dead": tasks_sql.finished_by_minute(minute, tasks_sql.DEAD, since, cap),
+        }
+        if self.store.has_duplicates:
+            reads["duplicates"] = sql.duplicates_by_minute(minute, since, cap)
         series: dict[str, dict[int, int]] = {k: {} for k in _SERIES}
-        for m, n in await read(sql.claims_by_minute(minute, since, cap)):
-            series["runs"][int(m)] = int(n)
-        outcomes = [*_FAILURES, "skipped"]
-        for m, outcome, n in await read(sql.records_by_minute(minute, outcomes, since, cap)):
-            name = "duplicates" if outcome == "skipped" else "failures"
-            series[name][int(m)] = series[name].get(int(m), 0) + int(n)
-        for state, name in ((tasks_sql.SUCCEEDED, "tasks"), (tasks_sql.DEAD, "dead")):
-            for m, n in await read(tasks_sql.finished_by_minute(minute, state, since, cap)):
-                series[name][int(m)] = int(n)
+        for name, m, n in await self.store._read(sql.series_by_minute(reads)):
+            series[name][int(m)] = int(n)
         return series
 
     async def audit(

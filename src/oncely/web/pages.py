@@ -17,7 +17,7 @@ from ..registry import Job
 from ..store.views import COUNT_CAP, TaskFilter
 from . import timeline
 from .access import Access
-from .render import Settings, access_of, error, page, pretty
+from .render import Settings, access_of, error, gather, page, pretty
 from .words import dst_shifts, in_words, zone_name
 
 DEFAULT_SLOTS = 48
@@ -61,7 +61,7 @@ async def _last_outcome(
     key = job.key_for(slot)
     claim = (await store.control.claims(job.name, [key])).get(key)
     records = [] if claim else await store.views.window_records(job.name, slot, slot)
-    mine = [r for r in records if r.key == key and r.outcome != "skipped"]
+    mine = [r for r in records if r.key == key]
     if any(r.outcome is None for r in mine):
         alive = {a.id for a in await store.control.running(job.name, key)}
         mine = [r.__class__(**{**r.__dict__, "alive": r.id in alive}) for r in mine]
@@ -98,26 +98,30 @@ async def overview(settings: Settings, request: Request) -> Response:
         return granted
     app = settings.app
     await app.store.ensure_schema()
-    now = await app.store.database_time()
-    pauses = await app.pauses()
-    rows = []
-    for job in app.registry:
-        slot, outcome, sentence = await _last_outcome(settings, job, now, pauses)
-        rows.append(
-            JobRow(
-                job=job,
-                words=in_words(job.schedule),
-                zone=zone_name(job.schedule),
-                next=app.next_slots(job.name, now, 3),
-                shifts=dst_shifts(job.schedule, now),
-                pause=pauses.get(job.name),
-                last_slot=slot,
-                last_outcome=outcome,
-                last_sentence=sentence,
-            )
-        )
+    now, pauses = await gather(app.store.database_time(), app.pauses())
     views = app.store.views
-    counts = await views.task_counts()
+    jobs = list(app.registry)
+    counts, queues, duplicates, series, *last = await gather(
+        views.task_counts(),
+        views.live_by_queue(),
+        views.duplicates_since(now - timedelta(hours=24)),
+        views.per_minute(now - timedelta(minutes=STRIP_MINUTES)),
+        *(_last_outcome(settings, job, now, pauses) for job in jobs),
+    )
+    rows = [
+        JobRow(
+            job=job,
+            words=in_words(job.schedule),
+            zone=zone_name(job.schedule),
+            next=app.next_slots(job.name, now, 3),
+            shifts=dst_shifts(job.schedule, now),
+            pause=pauses.get(job.name),
+            last_slot=slot,
+            last_outcome=outcome,
+            last_sentence=sentence,
+        )
+        for job, (slot, outcome, sentence) in zip(jobs, last, strict=True)
+    ]
     return page(
         settings,
         request,
@@ -128,9 +132,9 @@ async def overview(settings: Settings, request: Request) -> Response:
         counts=counts,
         states=STATES,
         cap=COUNT_CAP,
-        queues=sorted((await views.live_by_queue()).items()),
-        duplicates=await views.duplicates_since(now - timedelta(hours=24)),
-        strip=strip(await views.per_minute(now - timedelta(minutes=STRIP_MINUTES)), now),
+        queues=sorted(queues.items()),
+        duplicates=duplicates,
+        strip=strip(series, now),
     )
 
 
@@ -151,9 +155,9 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
     job = app.registry.job(name)
     n = _slots_param(request)
     await app.store.ensure_schema()
-    now = await app.store.database_time()
+    now, pauses = await gather(app.store.database_time(), app.pauses())
     views = await timeline.timeline(app, job, now, n)
-    pause = (await app.pauses()).get(job.name)
+    pause = pauses.get(job.name)
     return {
         "job": job,
         "words": in_words(job.schedule),

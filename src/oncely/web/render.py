@@ -3,9 +3,10 @@ the responses every page returns (a page, an error page, a redirect with a flash
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,8 @@ from ..masking import mask_secrets
 from .access import CSRF_COOKIE, Access, Resolver, new_secret, resolve, same
 
 FLASH_COOKIE = "oncely_flash"
+READS_AT_ONCE = 4
+"""Reads one page runs concurrently at most (each on a connection of the app's pool)."""
 Redactor = Callable[[str, dict[str, object]], object]
 """`redact(task_name, args) -> what the pages show of the arguments`."""
 
@@ -40,6 +43,7 @@ class Settings:
             loader=jinja2.PackageLoader("oncely.web", "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
+            auto_reload=False,  # templates ship in the package: no stat per render
         )
         self.env.filters["iso"] = iso
         self.env.filters["ms"] = ms
@@ -151,3 +155,14 @@ async def access_of(settings: Settings, request: Request) -> Access | None:
 def pretty(value: object) -> str:
     """JSON, indented, for the task pages (anything JSON cannot write is shown as text)."""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+async def gather(*reads: Awaitable[Any]) -> list[Any]:
+    """Run a page's independent reads concurrently, at most READS_AT_ONCE at a time."""
+    limit = asyncio.Semaphore(READS_AT_ONCE)
+
+    async def one(read: Awaitable[Any]) -> Any:
+        async with limit:
+            return await read
+
+    return list(await asyncio.gather(*(one(r) for r in reads)))

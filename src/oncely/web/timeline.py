@@ -12,6 +12,7 @@ from ..app import Oncely
 from ..explain import explain_slot
 from ..model import Attempt, Claim, Explanation
 from ..registry import Job
+from .render import gather
 
 MAX_SLOTS = 500
 """The most slots one timeline shows (`?n=`)."""
@@ -75,11 +76,15 @@ async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotVie
     keys = [job.key_for(s) for s in slots]
     store = app.store
     control = store.control
-    claims = await control.claims(job.name, keys)
-    running = {a.key: a for a in await control.running(job.name)}
+    claims, now_running, records, duplicates, pauses = await gather(
+        control.claims(job.name, keys),
+        control.running(job.name),
+        store.views.window_records(job.name, slots[0], slots[-1]),
+        store.views.duplicates_of(job.name, keys),
+        control.job_pauses(job.name),
+    )
+    running = {a.key: a for a in now_running}
     alive = {a.id for a in running.values()}
-    records = await store.views.window_records(job.name, slots[0], slots[-1])
-    pauses = await control.job_pauses(job.name)
     by_key: dict[str | None, list[Attempt]] = {}
     for r in records:
         if r.outcome is None and r.id in alive:
@@ -96,7 +101,7 @@ async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotVie
             now=now,
             catch_up=job.catch_up,
             claim=claims.get(key),
-            records=[r for r in mine if r.outcome != "skipped"],
+            records=mine,
             pauses=pauses,
         )
         views.append(
@@ -106,7 +111,7 @@ async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotVie
                 outcome=_OUTCOME.get(explanation.answer, "missed"),
                 explanation=explanation,
                 claim=claims.get(key),
-                duplicates=sum(1 for r in mine if r.outcome == "skipped"),
+                duplicates=duplicates.get(key, 0),
                 running=running.get(key),
             )
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -88,8 +89,14 @@ class Shift:
     more: bool
 
 
-def _changes(zone: ZoneInfo, start: datetime, end: datetime) -> Iterator[datetime]:
-    """The instants in [start, end) at which `zone`'s offset changes (to the minute)."""
+@functools.lru_cache(maxsize=256)
+def _changes(zone: ZoneInfo, start: datetime, end: datetime) -> tuple[datetime, ...]:
+    """The instants in [start, end) at which `zone`'s offset changes (to the minute); kept
+    per zone and hour, as the overview asks for every job on every load."""
+    return tuple(_walk(zone, start, end))
+
+
+def _walk(zone: ZoneInfo, start: datetime, end: datetime) -> Iterator[datetime]:
     step = timedelta(hours=1)
     t = start
     while t < end:
