@@ -308,6 +308,20 @@ def prune_task_cancels() -> sa.Delete:
 # -- the dashboard's reads: bounded by an index, never a whole table ----------------------
 
 
+def claims_of_slots(pairs: list[tuple[str, str]]) -> sa.Select[Any]:
+    """The claims of some (job, key) slots of any jobs (the primary key)."""
+    return sa.select(runs).where(sa.tuple_(runs.c.job, runs.c.key).in_(pairs))
+
+
+def records_of_slots(pairs: list[tuple[str, str]]) -> sa.Select[Any]:
+    """The attempt records of some (job, key) slots of any jobs, oldest first."""
+    return (
+        sa.select(attempts)
+        .where(sa.tuple_(attempts.c.job, attempts.c.key).in_(pairs))
+        .order_by(attempts.c.id)
+    )
+
+
 def window_records(job: str, first: Any, last: Any) -> sa.Select[Any]:
     """The attempt records of a job's slots in [first, last], oldest first (a timeline)."""
     return (

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..model import Attempt, AuditEntry, TaskRecord
+from ..model import Attempt, AuditEntry, Claim, TaskRecord
 from . import sql, tasks_sql
+from .claims import claim_from_row
 from .control import _attempt, _audit_entry
 from .dialect import Dialect
 from .task_store import record
@@ -125,6 +126,21 @@ class Views:
         for state, queue, n in await self.store._read(tasks_sql.live_by_queue(_LIVE, cap)):
             found.setdefault(queue, {})[state] = found.get(queue, {}).get(state, 0) + int(n)
         return found
+
+    async def slots(
+        self, pairs: Sequence[tuple[str, str]]
+    ) -> tuple[dict[tuple[str, str], Claim], dict[tuple[str, str], list[Attempt]]]:
+        """The claims and the attempt records of some (job, key) slots, in two reads
+        (whatever the number of jobs): what the overview's "last slot" column reads."""
+        claims: dict[tuple[str, str], Claim] = {}
+        records: dict[tuple[str, str], list[Attempt]] = {}
+        for start in range(0, len(pairs), 500):
+            chunk = list(pairs[start : start + 500])
+            for row in await self.store._read(sql.claims_of_slots(chunk)):
+                claims[(row.job, row.key)] = claim_from_row(row)
+            for row in await self.store._read(sql.records_of_slots(chunk)):
+                records.setdefault((row.job, row.key), []).append(_attempt(row))
+        return claims, records
 
     async def window_records(self, job: str, first: datetime, last: datetime) -> list[Attempt]:
         """The attempt records of a job's slots in [first, last] (alive unknown: False)."""

@@ -86,9 +86,9 @@ def dashboard(
         Route("/tasks", bind(pages.tasks_page)),
         post("/tasks/bulk", None, actions.bulk),
         Route("/tasks/{task_id}", bind(pages.task_page)),
-        post("/tasks/{task_id}/retry", "task_retry", actions._task_action("retry")),
-        post("/tasks/{task_id}/discard", "task_discard", actions._task_action("discard")),
-        post("/tasks/{task_id}/cancel", "task_cancel", actions._task_action("cancel")),
+        post("/tasks/{task_id}/retry", "task_retry", actions.task_action("retry")),
+        post("/tasks/{task_id}/discard", "task_discard", actions.task_action("discard")),
+        post("/tasks/{task_id}/cancel", "task_cancel", actions.task_action("cancel")),
         Route("/audit", bind(pages.audit_page)),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]

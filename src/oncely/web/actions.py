@@ -192,7 +192,9 @@ async def _known_task(settings: Settings, task_id: int) -> None:
     await settings.app.task_record(task_id)  # BadInputError: no such task
 
 
-def _task_action(kind: str) -> Handler:
+def task_action(kind: str) -> Handler:
+    """The handler of one task's action (`retry`, `discard`, `cancel`)."""
+
     async def handler(
         settings: Settings, request: Request, access: Access, form: FormData
     ) -> Response:

@@ -3,6 +3,7 @@ app's public API and the store's bounded views, and renders; none changes anythi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -50,34 +51,39 @@ class JobRow:
     last_sentence: str | None
 
 
-async def _last_outcome(
-    settings: Settings, job: Job, now: datetime, pauses: dict[str, Pause]
-) -> tuple[datetime | None, str | None, str | None]:
-    """The latest due slot of a job, its outcome and its sentence (two indexed reads)."""
-    slot = job.schedule.latest_at_or_before(now)
-    if slot is None:
-        return None, None, None
+async def _last_outcomes(
+    settings: Settings, jobs: list[Job], now: datetime, pauses: dict[str, Pause]
+) -> list[tuple[datetime | None, str | None, str | None]]:
+    """Each job's latest due slot, its outcome and its sentence: two reads for all jobs
+    (and one per job whose attempt has no outcome yet: is it still running?)."""
     store = settings.app.store
-    key = job.key_for(slot)
-    claim = (await store.control.claims(job.name, [key])).get(key)
-    records = [] if claim else await store.views.window_records(job.name, slot, slot)
-    mine = [r for r in records if r.key == key]
-    if any(r.outcome is None for r in mine):
-        alive = {a.id for a in await store.control.running(job.name, key)}
-        mine = [r.__class__(**{**r.__dict__, "alive": r.id in alive}) for r in mine]
-    pause = pauses.get(job.name)
-    explanation = explain_slot(
-        job=job.name,
-        key=key,
-        slot=slot,
-        now=now,
-        catch_up=job.catch_up,
-        claim=claim,
-        records=mine,
-        pauses=[pause] if pause is not None else [],
-    )
-    outcome = timeline._OUTCOME.get(explanation.answer, "missed")
-    return slot, outcome, explanation.sentence
+    latest = {job.name: job.schedule.latest_at_or_before(now) for job in jobs}
+    pairs = [(job.name, job.key_for(at)) for job in jobs if (at := latest[job.name]) is not None]
+    claims, records = await store.views.slots(pairs) if pairs else ({}, {})
+    found: list[tuple[datetime | None, str | None, str | None]] = []
+    for job in jobs:
+        slot = latest[job.name]
+        if slot is None:
+            found.append((None, None, None))
+            continue
+        key = job.key_for(slot)
+        mine = records.get((job.name, key), [])
+        if any(r.outcome is None for r in mine):
+            alive = {a.id for a in await store.control.running(job.name, key)}
+            mine = [dataclasses.replace(r, alive=r.id in alive) for r in mine]
+        pause = pauses.get(job.name)
+        explanation = explain_slot(
+            job=job.name,
+            key=key,
+            slot=slot,
+            now=now,
+            catch_up=job.catch_up,
+            claim=claims.get((job.name, key)),
+            records=mine,
+            pauses=[pause] if pause is not None else [],
+        )
+        found.append((slot, timeline.outcome_of(explanation.answer), explanation.sentence))
+    return found
 
 
 def strip(series: dict[str, dict[int, int]], now: datetime) -> dict[str, Any]:
@@ -101,12 +107,12 @@ async def overview(settings: Settings, request: Request) -> Response:
     now, pauses = await gather(app.store.database_time(), app.pauses())
     views = app.store.views
     jobs = list(app.registry)
-    counts, queues, duplicates, series, *last = await gather(
+    counts, queues, duplicates, series, last = await gather(
         views.task_counts(),
         views.live_by_queue(),
         views.duplicates_since(now - timedelta(hours=24)),
         views.per_minute(now - timedelta(minutes=STRIP_MINUTES)),
-        *(_last_outcome(settings, job, now, pauses) for job in jobs),
+        _last_outcomes(settings, jobs, now, pauses),
     )
     rows = [
         JobRow(

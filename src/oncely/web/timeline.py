@@ -31,6 +31,11 @@ _OUTCOME = {
 }
 
 
+def outcome_of(answer: str) -> str:
+    """The timeline colour of an explanation's answer (not run, for whatever reason: missed)."""
+    return _OUTCOME.get(answer, "missed")
+
+
 @dataclass(frozen=True)
 class SlotView:
     """One expected slot of a job, as the timeline shows it."""
@@ -108,7 +113,7 @@ async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotVie
             SlotView(
                 at=at,
                 key=key,
-                outcome=_OUTCOME.get(explanation.answer, "missed"),
+                outcome=outcome_of(explanation.answer),
                 explanation=explanation,
                 claim=claims.get(key),
                 duplicates=duplicates.get(key, 0),
