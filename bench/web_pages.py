@@ -4,13 +4,13 @@ every page at 1,000,000 tasks and 100,000 slot claims on Postgres.
 A Postgres database of its own, filled with set-based SQL (generate_series): --claims claims in
 `oncely_runs` (100 hourly jobs, `job_0` … `job_99`, each with claims // 100 hourly slots back
 from the last hour: bench/table_growth.py's fill), attempt records for a tenth of them
-(failed, timed out, suppressed duplicates, missed), --tasks tasks of 20 names in 4 queues
-(task_T in queue T % 4; each name in every state: 92 % succeeded, 3 % available and due
-later, 2 % dead, 1 % discarded, 1 % running, 1 % available and due now; a fifth with an
-idempotency key) and --audit audit rows, then VACUUM
-ANALYZE. Then each page is requested --requests times through the dashboard's ASGI app in
-this process (httpx's ASGITransport: the server's whole work, templates included, without
-the network) after one warm-up request, and the table shows the median and p95 wall time,
+(failed, timed out), two suppressed duplicates for a fifth of them, --tasks tasks of 20
+names in 4 queues (task_T in queue T % 4; each name in every state: 92 % succeeded, 3 %
+available and due later, 2 % dead, 1 % discarded, 1 % running, 1 % available and due now; a
+fifth with an idempotency key) and --audit audit rows, then VACUUM ANALYZE. Then each page
+is requested --requests times through the dashboard's ASGI app in this process (httpx's
+ASGITransport: the server's whole work, templates included, without the network) after one
+warm-up request, and the table shows the median and p95 wall time,
 the median CPU time of this process (the Python side: routing, reads' overhead, templates;
 less moved by a busy machine than wall time), the statements one request runs and the
 slowest statement of the page's requests (`--explain` prints EXPLAIN ANALYZE of each page's
@@ -56,6 +56,7 @@ PG_URL = os.environ.get(
 )
 TARGET_MS = 100.0
 TIMELINE_JOB = "job_7"
+TABLES = ("oncely_tasks", "oncely_runs", "oncely_attempts", "oncely_duplicates", "oncely_audit")
 QUEUES = ["default", "mail", "media", "reports"]
 NAMES = 20
 
@@ -95,9 +96,15 @@ FILL_ATTEMPTS = """
            CASE WHEN o.outcome = 'failed' THEN 'RuntimeError' END,
            CASE WHEN o.outcome = 'failed' THEN 'the upstream answered 503' END
     FROM (SELECT job, key, scheduled_for, row_number() OVER () AS n FROM oncely_runs) AS r,
-         LATERAL (SELECT (ARRAY['failed', 'timeout', 'skipped', 'skipped'])[1 + r.n % 4]
-                  AS outcome) AS o
+         LATERAL (SELECT (ARRAY['failed', 'timeout'])[1 + r.n / 10 % 2] AS outcome) AS o
     WHERE r.n % 10 = 0
+"""
+FILL_DUPLICATES = """
+    INSERT INTO oncely_duplicates (job, key, slot, replica, recorded_at)
+    SELECT r.job, r.key, r.scheduled_for, 'replica-' || d, r.scheduled_for + interval '0.5 s'
+    FROM (SELECT job, key, scheduled_for, row_number() OVER () AS n FROM oncely_runs) AS r,
+         generate_series(1, 2) AS d
+    WHERE r.n % 5 = 0
 """
 FILL_AUDIT = """
     INSERT INTO oncely_audit (at, actor, action, job, target, reason, result)
@@ -138,6 +145,7 @@ async def fill(raw: Any, tasks: int, claims: int, audit: int) -> dict[str, float
     for step, statement, args in (
         ("claims", FILL_CLAIMS, (JOBS, per_job, 3600.0)),  # hourly: what each job's page shows
         ("attempt records", FILL_ATTEMPTS, ()),
+        ("duplicates", FILL_DUPLICATES, ()),
         ("tasks", FILL_TASKS, (tasks,)),
         ("audit rows", FILL_AUDIT, (audit,)),
     ):
@@ -146,7 +154,7 @@ async def fill(raw: Any, tasks: int, claims: int, audit: int) -> dict[str, float
             await raw.execute(statement, *args)
         took[step] = time.perf_counter() - started
     started = time.perf_counter()
-    for table in ("oncely_runs", "oncely_attempts", "oncely_tasks", "oncely_audit"):
+    for table in TABLES:
         await raw.execute(f"VACUUM ANALYZE {table}")
     took["vacuum analyze"] = time.perf_counter() - started
     await raw.execute("CHECKPOINT")
@@ -303,10 +311,7 @@ async def main(args: argparse.Namespace) -> int:
     try:
         await app.migrate()
         took = await fill(raw, args.tasks, args.claims, args.audit)
-        sizes = {
-            table: await raw.fetchval(f"SELECT count(*) FROM {table}")
-            for table in ("oncely_tasks", "oncely_runs", "oncely_attempts", "oncely_audit")
-        }
+        sizes = {table: await raw.fetchval(f"SELECT count(*) FROM {table}") for table in TABLES}
         print(f"database: {database} on {make_url(PG_URL).render_as_string(hide_password=True)}")
         print(f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores")
         print("load average before the timings: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
