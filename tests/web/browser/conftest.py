@@ -9,6 +9,7 @@ $ONCELY_TEST_SCREENSHOTS when set) and says where.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -203,9 +204,14 @@ def pg_site(postgres_database: str, tmp_path: Path) -> Iterator[Site]:
         s.engine.dispose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, once per test session."""
+    """Debian's Chromium, headless, for one test.
+
+    Not once per session: Playwright's sync API marks its event loop as running in this
+    thread for as long as it lives, and every asyncio test after it would then fail
+    ("Cannot run the event loop while another loop is running").
+    """
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
@@ -214,8 +220,11 @@ def browser() -> Iterator[Any]:
         _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)")
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        yield launched
-        launched.close()
+        try:
+            yield launched
+        finally:
+            launched.close()
+    assert asyncio._get_running_loop() is None, "Playwright left its event loop running"
 
 
 @pytest.hookimpl(wrapper=True)
