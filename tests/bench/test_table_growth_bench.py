@@ -16,7 +16,13 @@ RATES = [
     "enqueue on AsyncSession /s",
     "one-row drain c=2 /s",
 ]
-LISTINGS = ["`oncely history job_7 --limit 50`", "`oncely tasks --state dead --limit 50`"]
+LISTINGS = [
+    "`oncely history job_7 --limit 50`",
+    "`oncely tasks --state dead --limit 50`",
+    "`oncely tasks --state succeeded --limit 50`",
+    "`oncely list`'s last runs (`app.last_runs`)",
+    "a starting worker's newest slots (`store.last_slots`)",
+]
 PRUNE = ["prune time, s", "finished tasks deleted", "claims deleted", "tasks drained meanwhile"]
 
 
