@@ -96,6 +96,7 @@ def own_cluster() -> Iterator[tuple[str, int | None]]:
         data = Path(f"/var/lib/postgresql/{version}/{name}")
         pid_file = data / "postmaster.pid"
         postmaster = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+        print(f"cluster: {version}/{name} on port {port}", file=sys.stderr)
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres", postmaster
     finally:
         subprocess.run(
@@ -284,7 +285,9 @@ def idle(observer: Observer, workers: Workers, window: float) -> dict[str, Any]:
     return {
         "window_s": round(elapsed, 1),
         "statements": calls,
-        "statements_per_s_per_worker": round(calls / elapsed / n, 3) if statements else None,
+        "statements_per_s_per_worker": round(calls / elapsed / n, 3)
+        if observer.statements
+        else None,
         "xacts_per_s_per_worker": round((after["xacts"] - before["xacts"]) / elapsed / n, 3),
         "new_sessions": after["sessions"] - before["sessions"],
         "backends": len(after["backends"]),
@@ -361,7 +364,7 @@ def wake_up(
         "max_ms": round(max(after), 2) if after else None,
         "p99_from_commit_sent_ms": round(percentile(before, 0.99), 2) if before else None,
         "statements_per_probe": round(sum(s["calls"] for s in statements) / probes, 1)
-        if statements
+        if observer.statements
         else None,
         "by_statement": statements,
     }
