@@ -67,6 +67,10 @@ LISTENING_POLL_S = 10.0
 """Seconds between an idle worker's looks for due tasks while notifications wake it (else
 `poll`): the look finds what no notification announced (tasks handed back or retried by
 other workers, an operator's retry); a task due later wakes the worker at its time."""
+LOOK_AFTER_S = 0.05
+"""Seconds an idle worker lets pass after news before it asks when the next task is due:
+when a notification wakes every idle worker, the one that leased the task starts it first,
+the others' questions come after (a task due sooner than this starts this much late)."""
 LISTEN_RETRY_FIRST_S = 1.0
 LISTEN_RETRY_MAX_S = 60.0
 """Seconds before a worker tries LISTEN again after it failed or its connection was lost
@@ -224,10 +228,10 @@ class TaskWorker:
                 # task of this worker that ends may free: look again then, or when notified,
                 # or when the next task comes due.
                 self._room.clear()
-                wait = await self._next_look()
+                wait = await self._next_look(stopping)
                 await _first(stopping, self._woken, self._room, timeout=wait)
 
-    async def _next_look(self) -> float:
+    async def _next_look(self, stopping: asyncio.Event) -> float:
         """Seconds until the leaser looks again unless woken: `poll` without notifications;
         with them, when the next task comes due (asked once per news), at most
         LISTENING_POLL_S, or `poll` while a limit holds back tasks that are due (its room
@@ -238,6 +242,10 @@ class TaskWorker:
         news, now = self._news, time.monotonic()
         if self._looked is not None and self._looked[0] == news and self._looked[1] > now:
             return self._looked[1] - now
+        await _first(stopping, self._woken, self._room, timeout=LOOK_AFTER_S)
+        if stopping.is_set() or self._woken.is_set() or self._room.is_set():
+            return 0.0  # woken meanwhile: lease again first
+        news = self._news
         try:
             async with self.control.connect() as conn:
                 later, held = await self.store.tasks.next_due(
