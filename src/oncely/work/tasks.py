@@ -8,7 +8,9 @@ failure rolls back that task's transaction alone, so no other task's code runs a
 that made no statement, and failed tasks' retries and ends, are written by the settler, many
 in one statement. Heartbeats renew every lease the worker holds in one statement; the rescuer
 hands tasks whose lease ran out (their worker died) to whoever leases next. Postgres wakes an
-idle worker with LISTEN/NOTIFY; polling is the fallback.
+idle worker with LISTEN/NOTIFY (trusted once a probe came back, kept up after a loss); an idle
+worker that notifications wake sleeps until the next waiting task's time, looking every
+LISTENING_POLL_S at most; without notifications it polls every `poll`.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ LOOK_AFTER_S = 0.05
 when a notification wakes every idle worker, the one that leased the task starts it first,
 the others' questions come after (a task due sooner than this starts this much late)."""
 LISTEN_RETRY_FIRST_S = 1.0
-LISTEN_RETRY_MAX_S = 60.0
+LISTEN_RETRY_MAX_S = 300.0
 """Seconds before a worker tries LISTEN again after it failed or its connection was lost
 (doubling from the first to the max; the worker polls every `poll` meanwhile)."""
 ANNOUNCE_EVERY = 10.0
