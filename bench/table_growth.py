@@ -15,6 +15,9 @@ interleaved round by round so that a noisy neighbour slows both sides of a ratio
                         (--concurrency lanes), from its start to the last row
   history ms            app.history(JOB, 50): what `oncely history JOB --limit 50` reads
   tasks dead ms         list_tasks(state=dead, limit=50): `oncely tasks --state dead --limit 50`
+  tasks succeeded ms    the same for succeeded tasks
+  last runs ms          app.last_runs(): the newest claim of each job (`oncely list`)
+  newest slots ms       store.last_slots(): what a starting worker's catch-up reads
 
 and last, `prune --older-than 30d` (queue.prune) while a worker drains one-row tasks that a
 producer keeps enqueuing: how long it takes, what it deleted, the longest transaction of its
@@ -283,9 +286,15 @@ async def listing_ms(read: Callable[[], Awaitable[Any]], times: int) -> tuple[fl
 
 
 def listings(side: Side) -> dict[str, Callable[[], Awaitable[Any]]]:
+    app = side.app
     return {
-        f"history {HISTORY_JOB} --limit 50": lambda: side.app.history(HISTORY_JOB, 50),
-        "tasks --state dead --limit 50": lambda: list_tasks(side.app, TaskState.DEAD, None, 50),
+        f"`oncely history {HISTORY_JOB} --limit 50`": lambda: app.history(HISTORY_JOB, 50),
+        "`oncely tasks --state dead --limit 50`": lambda: list_tasks(app, TaskState.DEAD, None, 50),
+        "`oncely tasks --state succeeded --limit 50`": lambda: list_tasks(
+            app, TaskState.SUCCEEDED, None, 50
+        ),
+        "`oncely list`'s last runs (`app.last_runs`)": app.last_runs,
+        "a starting worker's newest slots (`store.last_slots`)": app.store.last_slots,
     }
 
 
@@ -455,7 +464,7 @@ async def report_listings(sides: list[Side], args: argparse.Namespace) -> None:
     print("|---|---:|---:|")
     for name, by_side in found.items():
         cells = [f"{by_side[s][0]:.1f} / {by_side[s][1]:.1f}" for s in ("empty", "full")]
-        print(f"| `oncely {name}` | " + " | ".join(cells) + " |")
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 async def report_prune(sides: list[Side], admin: Any, args: argparse.Namespace) -> None:

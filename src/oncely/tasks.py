@@ -43,7 +43,7 @@ SyncAttempt = Callable[[Any, AckFor, Any], "bool | None"]
 """`attempt(item, ack, fence)`: see `TaskRegistry.add`."""
 KeyFunc = Callable[..., Any]
 """A limit's key: called with the task's keyword arguments at enqueue; a str (or an int)."""
-RESERVED = ("idempotency_key", "run_at", "delay", "priority")
+RESERVED = ("idempotency_key", "run_at", "at", "delay", "priority")
 """Keyword names `enqueue` keeps for itself; a task function may not take them."""
 
 _RESERVED = frozenset(RESERVED)
@@ -220,8 +220,10 @@ class Task:
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
         priority: int | None = None,
+        at: datetime | None = None,
     ) -> dict[str, Any]:
-        """Validate one enqueue's arguments; the row to insert (as plain data)."""
+        """Validate one enqueue's arguments; the row to insert (as plain data). `at` is
+        `run_at` under its short name (one of the two, or `delay`)."""
         args = dict(kwargs)
         for name, value in args.items():
             check_json(value, f"task {self.name!r}: argument {name!r}")
@@ -242,13 +244,35 @@ class Task:
                 f"task {self.name!r}: idempotency_key must be a str of 1-255 characters, "
                 f"got {idempotency_key!r}"
             )
+        run_at, seconds = self._when(run_at, at, delay)
+        entry = {
+            "task": self.name,
+            "queue": self.queue,
+            "args": args,
+            "idempotency_key": idempotency_key,
+            "run_at": run_at,
+            "delay": seconds,
+        }
+        self._limit(entry, args, priority)
+        return entry
+
+    def _when(
+        self, run_at: datetime | None, at: datetime | None, delay: float | timedelta | None
+    ) -> tuple[datetime | None, float | None]:
+        """An enqueue's wait, checked: (run_at, delay in seconds), at most one of the two."""
+        when = "run_at"
+        if at is not None:
+            if run_at is not None:
+                raise BadInputError(f"task {self.name!r}: pass at or run_at (the same), not both")
+            run_at, when = at, "at"
         if run_at is not None and delay is not None:
-            raise BadInputError(f"task {self.name!r}: pass run_at or delay, not both")
+            raise BadInputError(f"task {self.name!r}: pass {when} or delay, not both")
         if run_at is not None and (
             not isinstance(run_at, datetime) or run_at.tzinfo is None or run_at.utcoffset() is None
         ):
             raise BadInputError(
-                f"task {self.name!r}: run_at must be a timezone-aware datetime, got {run_at!r}"
+                f"task {self.name!r}: {when} must be a timezone-aware datetime (e.g. "
+                f"datetime.now(timezone.utc) + timedelta(hours=1)), got {run_at!r}"
             )
         seconds: float | None = None
         if delay is not None:
@@ -261,16 +285,7 @@ class Task:
                     f"task {self.name!r}: delay must be >= 0 seconds (or a timedelta), "
                     f"got {delay!r}"
                 )
-        entry = {
-            "task": self.name,
-            "queue": self.queue,
-            "args": args,
-            "idempotency_key": idempotency_key,
-            "run_at": run_at,
-            "delay": seconds,
-        }
-        self._limit(entry, args, priority)
-        return entry
+        return run_at, seconds
 
     def _limit(self, entry: dict[str, Any], args: dict[str, Any], priority: int | None) -> None:
         """Add the row's priority and limits (its groups' keys from the key functions)."""
@@ -301,6 +316,7 @@ class Task:
                     run_at=item.get("run_at"),
                     delay=item.get("delay"),
                     priority=item.get("priority"),
+                    at=item.get("at"),
                 )
             )
         return entries
@@ -311,6 +327,7 @@ class Task:
         *,
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
+        at: datetime | None = None,
         delay: float | timedelta | None = None,
         priority: int | None = None,
         **kwargs: Any,
@@ -323,9 +340,11 @@ class Task:
 
         With an `idempotency_key` this task already has (in any state), nothing is inserted
         and the existing task comes back with `duplicate=True`. `priority` (default: the
-        task's) puts it before due tasks of lower priority.
+        task's) puts it before due tasks of lower priority. `at` (or `run_at`: a
+        timezone-aware datetime) or `delay` (seconds or a timedelta) make it wait: no
+        worker leases it before then, by the database's clock.
         """
-        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
+        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority, at)
         with tracing.enqueuing(self.name, self.queue, [entry]) as span:
             (rec,) = await task_store.enqueue(db, [entry])
             _report([rec], span)
@@ -335,8 +354,9 @@ class Task:
         self, db: AsyncSession | Any, items: Sequence[Mapping[str, Any]]
     ) -> list[TaskRecord]:
         """Queue many runs with one INSERT; each item is the kwargs of one run, plus optional
-        `idempotency_key`, `run_at`, `delay` or `priority`. The records come back in the
-        items' order. `db` is an AsyncSession or a bare asyncpg connection, as for `enqueue`."""
+        `idempotency_key`, `run_at` (or `at`), `delay` or `priority`. The records come back
+        in the items' order. `db` is an AsyncSession or a bare asyncpg connection, as for
+        `enqueue`."""
         entries = self._entries(items)
         if not entries:
             return []
@@ -351,6 +371,7 @@ class Task:
         *,
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
+        at: datetime | None = None,
         delay: float | timedelta | None = None,
         priority: int | None = None,
         **kwargs: Any,
@@ -363,6 +384,7 @@ class Task:
             store,
             idempotency_key=idempotency_key,
             run_at=run_at,
+            at=at,
             delay=delay,
             priority=priority,
             **kwargs,
@@ -385,13 +407,14 @@ class Task:
         *,
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
+        at: datetime | None = None,
         delay: float | timedelta | None = None,
         priority: int | None = None,
         **kwargs: Any,
     ) -> tuple[TaskRecord, bool | None]:
         """`enqueue_committed`, and whether the task committed: True; after a connection lost
         during COMMIT, False (it rolled back) or None (it cannot be read back: unknown)."""
-        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
+        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority, at)
         with tracing.enqueuing(self.name, self.queue, [entry]) as span:
             (rec,), landed = await store.enqueue([entry])
             if landed:
@@ -404,12 +427,13 @@ class Task:
         *,
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
+        at: datetime | None = None,
         delay: float | timedelta | None = None,
         priority: int | None = None,
         **kwargs: Any,
     ) -> TaskRecord:
         """`enqueue` for a synchronous SQLAlchemy Session (Django, Flask, scripts)."""
-        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority)
+        entry = self.entry(kwargs, idempotency_key, run_at, delay, priority, at)
         with tracing.enqueuing(self.name, self.queue, [entry]) as span:
             (rec,) = task_store.enqueue_sync(session, [entry])
             _report([rec], span)

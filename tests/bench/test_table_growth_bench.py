@@ -16,7 +16,13 @@ RATES = [
     "enqueue on AsyncSession /s",
     "one-row drain c=2 /s",
 ]
-LISTINGS = ["`oncely history job_7 --limit 50`", "`oncely tasks --state dead --limit 50`"]
+LISTINGS = [
+    "`oncely history job_7 --limit 50`",
+    "`oncely tasks --state dead --limit 50`",
+    "`oncely tasks --state succeeded --limit 50`",
+    "`oncely list`'s last runs (`app.last_runs`)",
+    "a starting worker's newest slots (`store.last_slots`)",
+]
 PRUNE = ["prune time, s", "finished tasks deleted", "claims deleted", "tasks drained meanwhile"]
 
 
@@ -77,3 +83,23 @@ def test_table_growth_bench_rejects_bad_flags() -> None:
     )
     assert done.returncode == 2
     assert "--rounds" in done.stderr
+
+
+SMALL_FILL = ["--claims", "2000", "--finished", "2000", "--queued", "200", "--reads", "2"]
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+def test_listing_plans_small_run(postgres_database: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "listing_plans.py"), *SMALL_FILL],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=250,
+        env={**os.environ, "ONCELY_BENCH_POSTGRES_URL": PG_ADMIN_URL},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(done.stdout)
+    for name in ("`oncely list`'s last runs", "a starting worker's newest slots"):
+        assert len(rows[name]) == 1 and " / " in rows[name][0], rows

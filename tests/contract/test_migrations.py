@@ -35,7 +35,7 @@ V4_INDEXES = V3_INDEXES - {"oncely_tasks_due", "oncely_tasks_due_by_queue"} | {
 }
 V4_COLUMNS = ("priority", "concurrency_key", "concurrency", "rate_key", "rate", "rate_period")
 V4_COLUMNS += ("result",)
-LATEST_INDEXES = V4_INDEXES | {"oncely_tasks_failed"}
+LATEST_INDEXES = V4_INDEXES | {"oncely_tasks_failed", "oncely_tasks_available_at"}  # v7, v10
 
 
 def task_indexes(engine: sa.Engine) -> set[str]:
@@ -48,6 +48,8 @@ def as_v2(engine: sa.Engine) -> None:
     its due indexes, none of v4's columns)."""
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_failed")
+        conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_tasks_available_at")
+        conn.exec_driver_sql("DROP INDEX IF EXISTS oncely_runs_job_slot")
         for name in V4_INDEXES - V3_INDEXES:
             conn.exec_driver_sql(f"DROP INDEX {name}")
         conn.exec_driver_sql("DROP TABLE oncely_task_starts")

@@ -135,6 +135,10 @@ async def test_bad_input_gets_a_clear_error_enqueue_options(app: Oncely) -> None
         ({"run_at": naive}, "timezone-aware"),
         ({"delay": -1}, "delay must be >= 0"),
         ({"delay": 1, "run_at": datetime.now(timezone.utc)}, "run_at or delay"),
+        ({"at": naive}, "at must be a timezone-aware datetime"),
+        ({"at": "2026-01-01T00:00:00Z"}, "at must be a timezone-aware datetime"),
+        ({"delay": 1, "at": datetime.now(timezone.utc)}, "at or delay"),
+        ({"at": datetime.now(timezone.utc), "run_at": datetime.now(timezone.utc)}, "at or run_at"),
         ({"idempotency_key": ""}, "idempotency_key"),
     ]:
         with pytest.raises(BadInputError, match=message):

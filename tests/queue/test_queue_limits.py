@@ -4,7 +4,7 @@ on SQLite and Postgres."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
@@ -142,6 +142,43 @@ async def test_a_delayed_task_is_not_leased_before_its_time_in_database_time(
     rec = await app.task_record(later.id)
     assert ran == ["now", "later"]
     assert rec.started_at is not None and rec.started_at >= rec.run_at
+
+
+async def test_at_is_run_at_and_a_task_at_a_time_waits_for_it_in_database_time(
+    app: Oncely,
+) -> None:
+    ran: list[int] = []
+
+    @app.task
+    async def note(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        ran.append(n)
+
+    soon = await app.store.database_time() + timedelta(seconds=1.5)
+    away = datetime(2100, 1, 1, tzinfo=timezone(timedelta(hours=-6)))
+    first = await in_tx(app, lambda db: note.enqueue(db, n=1, at=soon))
+    many = await in_tx(
+        app, lambda db: note.enqueue_many(db, [{"n": 2, "at": away}, {"n": 3, "delay": 0}])
+    )
+    assert first.run_at == soon and many[0].run_at == away  # stored as given, as run_at
+    listed = {r.id: r for r in await list_tasks(app)}
+    assert listed[many[0].id].run_at == away  # what `oncely tasks` shows (RUN AT)
+
+    async def third_done() -> bool:
+        return ran == [3]
+
+    await drain(app, third_done)
+    rec = await app.task_record(first.id)
+    if await app.store.database_time() < soon:  # checked at once: still before its time
+        assert (rec.state, rec.attempt) == (TaskState.AVAILABLE, 0)
+    await drain(app, lambda: _ran(ran, [3, 1]))
+    rec = await app.task_record(first.id)
+    assert rec.started_at is not None and rec.started_at >= soon
+    far = await app.task_record(many[0].id)
+    assert (far.state, far.attempt) == (TaskState.AVAILABLE, 0)
+
+
+async def _ran(ran: list[int], expected: list[int]) -> bool:
+    return ran == expected
 
 
 async def test_a_key_function_that_raises_at_enqueue_enqueues_nothing(app: Oncely) -> None:

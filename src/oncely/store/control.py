@@ -561,6 +561,7 @@ class Control:
             if row is not None:
                 await conn.execute(sql.forget_task_cancel(task_id))
                 await self._audit(conn, action, "available now")
+                await self.dialect.notify_tasks(conn)
                 return record(row)
         await self._task_refused(action, task_id, "retried", "dead, discarded or available")
         raise AssertionError("unreachable")  # pragma: no cover

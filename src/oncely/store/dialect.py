@@ -77,8 +77,12 @@ class Dialect(abc.ABC):
         the disk; a task's transaction asks for a durable commit itself, see `begin_task`)."""
         return {k: v for k, v in self.engine_options().items() if k != "pool_pre_ping"}
 
-    def configure_engine(self, engine: AsyncEngine) -> None:  # noqa: B027 - optional hook
-        """Set up an engine that oncely built itself (not a user's engine)."""
+    def configure_engine(  # noqa: B027 - optional hook
+        self, engine: AsyncEngine, *, ping_after_idle: float | None = None
+    ) -> None:
+        """Set up an engine that oncely built itself (not a user's engine); `ping_after_idle`:
+        seconds a pooled connection may stay idle before it is checked at its next use
+        (None: the dialect's default)."""
 
     def sync_engine_options(self) -> dict[str, Any]:
         """Keyword arguments for `create_engine` for oncely's synchronous engine."""
@@ -113,6 +117,11 @@ class Dialect(abc.ABC):
     def now_sql(self) -> Any:
         """Database time inside a prebuilt statement: an SQL expression, or sql.NOW."""
         return self.now()
+
+    def scan_now(self) -> Any:
+        """Database time as an expression an index scan can start from (one value for the
+        whole statement); `now_sql()` where that is one already."""
+        return self.now_sql()
 
     def now_params(self) -> dict[str, Any]:
         """The parameters that `now_sql()` needs at execution time (a value for sql.NOW)."""
@@ -257,6 +266,11 @@ class Dialect(abc.ABC):
         (a cancel request); without notifications it finds the request by polling."""
         return None
 
+    async def notify_tasks(self, conn: AsyncConnection) -> None:
+        """Wake the idle workers (once `conn`'s transaction commits): tasks became available
+        otherwise than by an INSERT (whose trigger wakes them), e.g. handed back or retried."""
+        return None
+
     def cancel_listener(
         self, engine: AsyncEngine, on_notify: Callable[[int], None]
     ) -> contextlib.AbstractAsyncContextManager[bool]:
@@ -275,6 +289,9 @@ class Dialect(abc.ABC):
     async def probe_writes(self, conn: AsyncConnection) -> None:
         """Raise the driver's error if the database refuses writes; change nothing."""
         return None
+
+    notifies = False
+    """Whether the database can wake a listener when tasks are enqueued (`listener`)."""
 
     database_clock = False
     """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
@@ -301,11 +318,16 @@ class Dialect(abc.ABC):
         the dashboard's per-minute counts group by)."""
 
     def listener(
-        self, engine: AsyncEngine, on_notify: Callable[[], None]
+        self,
+        engine: AsyncEngine,
+        on_notify: Callable[[], None],
+        on_lost: Callable[[], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Call `on_notify()` whenever tasks are enqueued, while the context is open.
+        """Call `on_notify()` whenever tasks are enqueued, while the context is open, and
+        `on_lost()` if the listening connection goes away meanwhile.
 
-        Yields whether notifications work; without them workers rely on polling alone.
+        Yields whether notifications work (one sent from another connection arrived);
+        without them workers rely on polling alone.
         """
         return contextlib.nullcontext(False)
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, ClassVar, NamedTuple, NoReturn
 
 import asyncpg
 import sqlalchemy as sa
@@ -107,9 +110,9 @@ def _refuse_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         raise sa.exc.DisconnectionError("the pooled connection was closed")
 
 
-def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+def _on_checkout(after: float, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     checked_in_at = record.info.get(_CHECKED_IN_AT)
-    if checked_in_at is None or time.monotonic() - checked_in_at < PING_AFTER_IDLE_S:
+    if checked_in_at is None or time.monotonic() - checked_in_at < after:
         return  # a new connection, or one in steady use
     try:
         dbapi_connection.ping()
@@ -262,9 +265,12 @@ class PostgresDialect(Dialect):
     def engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": 10}}
 
-    def configure_engine(self, engine: AsyncEngine) -> None:
+    def configure_engine(
+        self, engine: AsyncEngine, *, ping_after_idle: float | None = None
+    ) -> None:
+        after = PING_AFTER_IDLE_S if ping_after_idle is None else ping_after_idle
         event.listen(engine.sync_engine.pool, "checkin", _on_checkin)
-        event.listen(engine.sync_engine.pool, "checkout", _on_checkout)
+        event.listen(engine.sync_engine.pool, "checkout", functools.partial(_on_checkout, after))
 
     def sync_engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
@@ -292,6 +298,11 @@ class PostgresDialect(Dialect):
 
     def now(self) -> Any:
         return sa.func.clock_timestamp()
+
+    def scan_now(self) -> Any:
+        # clock_timestamp() changes within a statement, so no index scan starts from it;
+        # now() is the transaction's start: in an autocommitted statement, the statement's.
+        return sa.func.now()
 
     def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
         job, key = request.job, request.key
@@ -419,6 +430,7 @@ class PostgresDialect(Dialect):
         )
 
     database_clock = True
+    notifies = True
 
     concurrent_leases = True
 
@@ -448,9 +460,12 @@ class PostgresDialect(Dialect):
         )
 
     def listener(
-        self, engine: AsyncEngine, on_notify: Callable[[], None]
+        self,
+        engine: AsyncEngine,
+        on_notify: Callable[[], None],
+        on_lost: Callable[[], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        return _listen(engine, on_notify)
+        return _listen(engine, on_notify, on_lost)
 
     def owns_connection(self, conn: object) -> bool:
         return isinstance(conn, asyncpg.Connection)
@@ -511,6 +526,9 @@ class PostgresDialect(Dialect):
             {"channel": CANCEL_CHANNEL, "payload": str(attempt_id)},
         )
 
+    async def notify_tasks(self, conn: AsyncConnection) -> None:
+        await conn.execute(TASKS_NOTIFY)
+
     def cancel_listener(
         self, engine: AsyncEngine, on_notify: Callable[[int], None]
     ) -> contextlib.AbstractAsyncContextManager[bool]:
@@ -566,6 +584,9 @@ registry.register(f"postgresql.{LENT_PSYCOPG2}", __name__, "LentPsycopg2")
 TASKS_CHANNEL = "oncely_tasks"
 """The LISTEN/NOTIFY channel that wakes idle workers when tasks are enqueued."""
 
+TASKS_NOTIFY = sa.text(f"SELECT pg_notify('{TASKS_CHANNEL}', '')")
+"""What the INSERT trigger sends, sent by hand (tasks handed back, retried by an operator)."""
+
 # One notification per INSERT statement, sent by the enqueueing transaction itself: it is
 # delivered iff that transaction commits, whichever client enqueued (oncely, psql, a trigger).
 TASKS_NOTIFY_DDL = (
@@ -585,47 +606,125 @@ TASKS_NOTIFY_DDL = (
 )
 
 
+PROBE_TIMEOUT_S = 2.0
+"""How long a new listener waits for its own probe notification before it concludes that
+notifications do not reach it (e.g. behind PgBouncer in transaction pooling)."""
+_PROBE = "probe:"
+"""The start of a probe notification's payload (a task's notification has an empty one)."""
+
+
 @contextlib.asynccontextmanager
 async def _listen_on(
-    engine: AsyncEngine, channel: str, callback: Callable[..., None], what: str | None
+    engine: AsyncEngine,
+    channel: str,
+    callback: Callable[..., None],
+    what: str | None,
+    *,
+    probe: bool = False,
+    on_lost: Callable[[], None] | None = None,
 ) -> AsyncIterator[bool]:
     """LISTEN on `channel` on a connection of its own; yield False if that is not possible
-    (logged as a warning naming `what` listens, if given: the caller polls instead)."""
+    (logged as a warning naming `what` listens, if given: the caller polls instead). With
+    `probe`, True only once a notification sent from another connection of `engine` came
+    back (`callback` must hand a probe's payload to `_Probe.seen`). `on_lost()` is called
+    if the connection ends while the context is open."""
+    log = logging.getLogger("oncely")
     try:
         conn = await engine.connect()
     except Exception as exc:  # the caller still polls; its own connections report errors
         if what:
-            logging.getLogger("oncely").warning("cannot LISTEN for %s (%s); polling", what, exc)
+            log.warning("cannot LISTEN for %s (%s); polling", what, exc)
         yield False
         return
     driver: Any = None
+    lost = _Lost(on_lost)
     try:
         raw = await conn.get_raw_connection()
         driver = raw.driver_connection
         await driver.add_listener(channel, callback)
+        driver.add_termination_listener(lost)
     except Exception as exc:
         if what:
-            logging.getLogger("oncely").warning("cannot LISTEN for %s (%s); polling", what, exc)
+            log.warning("cannot LISTEN for %s (%s); polling", what, exc)
         driver = None
+    works = driver is not None
+    if works and probe:
+        works = await _probed(engine, channel, callback)
+        if not works and what:
+            log.warning(
+                "LISTEN for %s works, but no notification arrives (a pooler in transaction"
+                " mode?); polling",
+                what,
+            )
     try:
-        yield driver is not None
+        yield works
     finally:
+        lost.callback = None  # our own close is no loss
         if driver is not None:
             with contextlib.suppress(Exception):
+                driver.remove_termination_listener(lost)
                 await driver.remove_listener(channel, callback)
         with contextlib.suppress(Exception):
             await conn.close()
 
 
+class _Lost:
+    """A listening connection's termination listener: calls back once, unless disarmed."""
+
+    def __init__(self, callback: Callable[[], None] | None) -> None:
+        self.callback = callback
+
+    def __call__(self, _conn: Any) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
+class _Probe:
+    """The probes in flight in this process, by payload."""
+
+    waiting: ClassVar[dict[str, asyncio.Event]] = {}
+
+    @classmethod
+    def seen(cls, payload: str) -> None:
+        event = cls.waiting.get(payload)
+        if event is not None:
+            event.set()
+
+
+async def _probed(engine: AsyncEngine, channel: str, callback: Callable[..., None]) -> bool:
+    """Whether a notification sent on `channel` from another connection reaches the
+    listener within PROBE_TIMEOUT_S."""
+    payload = f"{_PROBE}{uuid.uuid4().hex}"
+    arrived = _Probe.waiting[payload] = asyncio.Event()
+    try:
+        async with engine.connect() as other:
+            await other.execute(
+                sa.text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": channel, "payload": payload},
+            )
+            await other.commit()
+        await asyncio.wait_for(arrived.wait(), PROBE_TIMEOUT_S)
+    except Exception:  # no answer in time, or the probe could not be sent
+        return False
+    finally:
+        del _Probe.waiting[payload]
+    return True
+
+
 def _listen(
-    engine: AsyncEngine, on_notify: Callable[[], None]
+    engine: AsyncEngine, on_notify: Callable[[], None], on_lost: Callable[[], None] | None
 ) -> contextlib.AbstractAsyncContextManager[bool]:
-    """LISTEN for new tasks; yield False (poll only) if that is not possible."""
+    """LISTEN for new tasks, checked with a probe; yield False (poll only) if that is not
+    possible."""
 
-    def callback(*_args: Any) -> None:
-        on_notify()
+    def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
+        if isinstance(payload, str) and payload.startswith(_PROBE):
+            _Probe.seen(payload)  # a listener's check, ours or another worker's
+        else:
+            on_notify()
 
-    return _listen_on(engine, TASKS_CHANNEL, callback, "new tasks")
+    return _listen_on(engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost)
 
 
 SLOT_HELD = sa.text(

@@ -79,11 +79,29 @@ def history(job: str | None, limit: int) -> sa.Select[Any]:
     return stmt.limit(limit)
 
 
+def _jobs() -> Any:
+    """The distinct jobs of the ledger, one index descent each (a loose scan of the primary
+    key: WITH RECURSIVE, the next job after the last), not a read of every claim."""
+    first = sa.select(sa.func.min(runs.c.job).label("job")).cte("jobs", recursive=True)
+    later = runs.alias("later")
+    following = sa.select(sa.func.min(later.c.job)).where(later.c.job > first.c.job)
+    step = sa.select(following.scalar_subquery()).where(first.c.job.is_not(None))
+    return first.union_all(step)
+
+
 def last_claims() -> sa.Select[Any]:
-    """The newest claim of each job."""
+    """The newest claim of each job: per job, the end of its (job, claimed_at) index."""
+    jobs = _jobs()
+    own = runs.alias("own")
     newest = (
-        sa.select(runs.c.job, sa.func.max(runs.c.claimed_at).label("claimed_at"))
-        .group_by(runs.c.job)
+        sa.select(
+            jobs.c.job,
+            sa.select(sa.func.max(own.c.claimed_at))
+            .where(own.c.job == jobs.c.job)
+            .scalar_subquery()
+            .label("claimed_at"),
+        )
+        .where(jobs.c.job.is_not(None))
         .subquery()
     )
     return sa.select(runs).join(
@@ -92,9 +110,13 @@ def last_claims() -> sa.Select[Any]:
 
 
 def last_slots() -> sa.Select[Any]:
-    """The newest claimed slot time of each job: where the worker's catch-up looks back from."""
-    return sa.select(runs.c.job, sa.func.max(runs.c.scheduled_for).label("slot")).group_by(
-        runs.c.job
+    """The newest claimed slot time of each job: where the worker's catch-up looks back from;
+    per job, the end of its (job, scheduled_for) index (schema v10)."""
+    jobs = _jobs()
+    own = runs.alias("own")
+    slot = sa.select(sa.func.max(own.c.scheduled_for)).where(own.c.job == jobs.c.job)
+    return sa.select(jobs.c.job, slot.scalar_subquery().label("slot")).where(
+        jobs.c.job.is_not(None)
     )
 
 

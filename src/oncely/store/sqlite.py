@@ -142,7 +142,9 @@ class SQLiteDialect(Dialect):
     def engine_options(self) -> dict[str, Any]:
         return {"pool_reset_on_return": None}  # see _on_reset
 
-    def configure_engine(self, engine: AsyncEngine) -> None:
+    def configure_engine(
+        self, engine: AsyncEngine, *, ping_after_idle: float | None = None
+    ) -> None:
         self.configure_sync_engine(engine.sync_engine)
         event.listen(engine.sync_engine.pool, "reset", _on_reset)
 

@@ -60,6 +60,9 @@ from .urls import normalize_url, sync_url
 CONTROL_WAIT_S = 3600.0
 """How long a worker's statement may wait for its control connection (held by the others,
 one statement at a time)."""
+CONTROL_PING_AFTER_IDLE_S = 60.0
+"""Seconds the control connection may stay idle before its next use pings it (a ping is
+three round trips: on an idle worker's every look for tasks, more than the look)."""
 RELEASE_BUSY_MS = 500
 """How long `release` waits on SQLite for the write lock before answering "running"."""
 
@@ -126,7 +129,9 @@ class Store:
             pool_timeout=CONTROL_WAIT_S,
             **self.dialect.lane_options(),
         )
-        self.dialect.configure_engine(control)
+        # The worker's own statements come every few seconds; a dead connection makes one of
+        # them fail and be tried again, so only a connection idle for long is pinged first.
+        self.dialect.configure_engine(control, ping_after_idle=CONTROL_PING_AFTER_IDLE_S)
         return TaskPool(self.dialect.task_engine(lent), pool_size, check), control
 
     @functools.cached_property
@@ -493,12 +498,17 @@ class Store:
         return self.dialect.is_busy(exc.__cause__ or exc)
 
     def listen(
-        self, on_notify: Callable[[], None], *, engine: AsyncEngine | None = None
+        self,
+        on_notify: Callable[[], None],
+        *,
+        engine: AsyncEngine | None = None,
+        on_lost: Callable[[], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         """Call `on_notify()` whenever tasks are enqueued, while the context is open (on a
-        connection of `engine`, default the store's); yields whether notifications work
-        (without them a worker relies on polling alone)."""
-        return self.dialect.listener(engine or self.engine, on_notify)
+        connection of `engine`, default the store's), and `on_lost()` if that connection
+        goes away; yields whether notifications work (a probe came back: without them a
+        worker relies on polling alone)."""
+        return self.dialect.listener(engine or self.engine, on_notify, on_lost)
 
     async def enqueue(
         self, entries: Sequence[dict[str, Any]]

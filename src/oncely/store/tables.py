@@ -52,6 +52,8 @@ runs = sa.Table(
 )
 sa.Index("oncely_runs_job_claimed_at", runs.c.job, runs.c.claimed_at)
 sa.Index("oncely_runs_claimed_at", runs.c.claimed_at)
+# The newest slot of each job, where a starting worker's catch-up looks back from (schema v10).
+sa.Index("oncely_runs_job_slot", runs.c.job, runs.c.scheduled_for)
 
 schema_versions = sa.Table(
     "oncely_schema",
@@ -132,6 +134,9 @@ _partial_index(
     "oncely_tasks_next_by_queue", tasks.c.queue, *LEASE_ORDER, where=sa.and_(_AVAILABLE, UNLIMITED)
 )
 _partial_index("oncely_tasks_next_limited", *LEASE_ORDER, where=sa.and_(_AVAILABLE, LIMITED))
+# Available tasks by the time they come due (schema v10): when an idle worker that
+# notifications wake must look again (`tasks_sql.next_due`), without a poll.
+_partial_index("oncely_tasks_available_at", tasks.c.run_at, where=_AVAILABLE)
 # Live leases of tasks with a concurrency limit, by limit group: what a lease counts.
 _partial_index(
     "oncely_tasks_limited_running",

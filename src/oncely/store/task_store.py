@@ -627,6 +627,23 @@ class TaskStore:
             async with conn.begin():
                 return await self.lease(conn, queues, limit, token, by, lease, names)
 
+    async def next_due(
+        self,
+        conn: AsyncConnection,
+        queues: Sequence[str] | None,
+        names: Sequence[str] | None,
+        *,
+        held: bool,
+    ) -> tuple[float | None, bool]:
+        """Seconds until the next available task of these queues and names comes due (None:
+        none waits for its time), and (with `held`) whether a task that a limit holds back is
+        due already; by database time, in one statement."""
+        stmt = tasks_sql.next_due(self.dialect.scan_now(), queues, names, held=held)
+        with self.store.translate():
+            row = (await conn.execute(stmt, self.dialect.now_params())).one()
+        later = None if row.next_at is None else (row.next_at - row.now).total_seconds()
+        return later, bool(row.held) if held else False
+
     def ack_one(self, item: Leased, result: str | None) -> tuple[Any, dict[str, Any]]:
         """The ack of one task (with its result, if any) as (statement, parameters)."""
         if result is None:
@@ -698,6 +715,7 @@ class TaskStore:
                     await conn.execute(
                         tasks_sql.give_back(ids, token, self.dialect.now(), started=started)
                     )
+                await self.dialect.notify_tasks(conn)
 
     async def hand_back(
         self, leased: Sequence[Leased], engine: AsyncEngine | None = None
@@ -710,13 +728,18 @@ class TaskStore:
                 for token, ids in _by_token(leased).items():
                     stmt = tasks_sql.hand_back(ids, token, self.dialect.now())
                     handed += list(await conn.execute(stmt))
+                if handed:
+                    await self.dialect.notify_tasks(conn)
         return handed
 
     async def rescue(self, limit: int = 1000, engine: AsyncEngine | None = None) -> list[Any]:
         """Make tasks with an expired lease available again; (id, task, attempt, locked_by)."""
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
-                return list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
+                rows = list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
+                if rows:
+                    await self.dialect.notify_tasks(conn)
+                return rows
 
     # -- live workers -------------------------------------------------------------------
 

@@ -344,6 +344,39 @@ def fetch(
     )
 
 
+def next_due(
+    now: Any, queues: Sequence[str] | None, names: Sequence[str] | None, *, held: bool
+) -> sa.Select[Any]:
+    """When the next available task of these queues and names comes due (NULL: none is
+    waiting for its time), database time now, and with `held` whether a task that a limit
+    holds back is due already: when an idle worker that notifications wake looks again. The
+    first from the index of available tasks by run_at (schema v10), the last from the limited
+    tasks' own."""
+
+    def of_ours(stmt: Any) -> Any:
+        if queues is not None:
+            stmt = stmt.where(tasks.c.queue.in_(list(queues)))
+        if names is not None:
+            stmt = stmt.where(tasks.c.task.in_(list(names)))
+        return stmt
+
+    later = of_ours(
+        sa.select(sa.func.min(tasks.c.run_at)).where(
+            tasks.c.state == AVAILABLE, tasks.c.run_at > now
+        )
+    ).scalar_subquery()
+    columns = [
+        sa.type_coerce(later, tasks.c.run_at.type).label("next_at"),
+        sa.type_coerce(now, tasks.c.run_at.type).label("now"),
+    ]
+    if held:
+        due = of_ours(
+            sa.select(tasks.c.id).where(tasks.c.state == AVAILABLE, LIMITED, tasks.c.run_at <= now)
+        )
+        columns.append(sa.exists(due).label("held"))
+    return sa.select(*columns)
+
+
 def live_leases(groups: Sequence[tuple[str, str]], now: Any) -> sa.Select[Any]:
     """How many live leases each of these concurrency groups (task, key) has: what a lease
     checks again, in a fresh snapshot, once it holds the groups' locks (Postgres)."""
@@ -558,8 +591,13 @@ def rescue(now: Any, limit: int) -> Any:
 
 
 def listing(state: str | None, task: str | None, limit: int) -> sa.Select[Any]:
-    """Tasks newest first, optionally of one state and one task name."""
-    stmt = sa.select(tasks).order_by(tasks.c.id.desc()).limit(limit)
+    """Tasks newest first, optionally of one state and one task name; succeeded ones by the
+    time they ended, newest first (read from the finished index: the newest ids are mostly
+    tasks still waiting, which a walk back along the ids would pass one by one)."""
+    order = [tasks.c.id.desc()]
+    if state == SUCCEEDED:
+        order = [tasks.c.finished_at.desc(), tasks.c.id.desc()]
+    stmt = sa.select(tasks).order_by(*order).limit(limit)
     if state is not None:
         stmt = stmt.where(tasks.c.state == state)
     if task is not None:

@@ -8,7 +8,9 @@ failure rolls back that task's transaction alone, so no other task's code runs a
 that made no statement, and failed tasks' retries and ends, are written by the settler, many
 in one statement. Heartbeats renew every lease the worker holds in one statement; the rescuer
 hands tasks whose lease ran out (their worker died) to whoever leases next. Postgres wakes an
-idle worker with LISTEN/NOTIFY; polling is the fallback.
+idle worker with LISTEN/NOTIFY (trusted once a probe came back, kept up after a loss); an idle
+worker that notifications wake sleeps until the next waiting task's time, looking every
+LISTENING_POLL_S at most; without notifications it polls every `poll`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,18 @@ statement under way before it cancels them."""
 POOL_IDLE_S = 5.0
 """Seconds a connection of the pool may stay idle before the worker closes it: after a
 burst, the worker goes back to holding only the connections its tasks use."""
+LISTENING_POLL_S = 10.0
+"""Seconds between an idle worker's looks for due tasks while notifications wake it (else
+`poll`): the look finds what no notification announced (tasks handed back or retried by
+other workers, an operator's retry); a task due later wakes the worker at its time."""
+LOOK_AFTER_S = 0.05
+"""Seconds an idle worker lets pass after news before it asks when the next task is due:
+when a notification wakes every idle worker, the one that leased the task starts it first,
+the others' questions come after (a task due sooner than this starts this much late)."""
+LISTEN_RETRY_FIRST_S = 1.0
+LISTEN_RETRY_MAX_S = 300.0
+"""Seconds before a worker tries LISTEN again after it failed or its connection was lost
+(doubling from the first to the max; the worker polls every `poll` meanwhile)."""
 ANNOUNCE_EVERY = 10.0
 """Seconds between a worker's signs of life in `oncely_workers`; one not seen for three of
 them is taken for dead."""
@@ -105,6 +119,13 @@ class TaskWorker:
         self._to_settle = asyncio.Event()
         self._room = asyncio.Event()
         self._woken = asyncio.Event()
+        self.listening = False
+        """Whether notifications wake this worker now (LISTEN up, and its probe came back)."""
+        self._news = 0
+        """Counts what may have made a task due sooner: notifications, outcomes written."""
+        self._looked: tuple[int, float] | None = None
+        """(news, monotonic deadline) of the leaser's last `next_due`: its next look."""
+        self._listening_engine: AsyncEngine | None = None
         self._stopping = False
         self._crash: BaseException | None = None
         self._threads: ThreadPoolExecutor | None = None
@@ -122,6 +143,7 @@ class TaskWorker:
 
     def notify(self) -> None:
         """New tasks may be due: the leaser looks at once (or as soon as it has room)."""
+        self._news += 1
         self._woken.set()
 
     # -- running ------------------------------------------------------------------------
@@ -133,11 +155,11 @@ class TaskWorker:
         pool, self.settling = self.store.worker_engines(self.options.pool_size)
         self.pool = pool
         self.control = self.store.dialect.autocommit(self.settling)
-        listening = self.store.dedicated_engine()
+        listening = self._listening_engine = self.store.dedicated_engine()
         try:
-            async with self.store.listen(self.notify, engine=listening):
-                await self._serve(stopping)
+            await self._serve(stopping)
         finally:
+            self._listening_engine = None
             await pool.close()
             if self._threads is not None:
                 self._threads.shutdown(wait=False)
@@ -156,6 +178,7 @@ class TaskWorker:
             asyncio.create_task(self._settler(closing)),
             asyncio.create_task(self._announce(closing)),
             asyncio.create_task(self._watch_cancels(closing)),
+            asyncio.create_task(self._keep_listening(closing)),
         ]
         try:
             await self._lease(stopping)
@@ -209,9 +232,67 @@ class TaskWorker:
             self._dispatch()
             if len(leased) < want:
                 # Short: nothing more is due, or the rest waits for a limit's room, which a
-                # task of this worker that ends may free: look again then, or when notified.
+                # task of this worker that ends may free: look again then, or when notified,
+                # or when the next task comes due.
                 self._room.clear()
-                await _first(stopping, self._woken, self._room, timeout=options.poll)
+                wait = await self._next_look(stopping)
+                await _first(stopping, self._woken, self._room, timeout=wait)
+
+    async def _next_look(self, stopping: asyncio.Event) -> float:
+        """Seconds until the leaser looks again unless woken: `poll` without notifications;
+        with them, when the next task comes due (asked once per news), at most
+        LISTENING_POLL_S, or `poll` while a limit holds back tasks that are due (its room
+        frees without a notification)."""
+        poll = self.options.poll
+        if not self.listening:
+            return poll
+        news, now = self._news, time.monotonic()
+        if self._looked is not None and self._looked[0] == news and self._looked[1] > now:
+            return self._looked[1] - now
+        await _first(stopping, self._woken, self._room, timeout=LOOK_AFTER_S)
+        if stopping.is_set() or self._woken.is_set() or self._room.is_set():
+            return 0.0  # woken meanwhile: lease again first
+        news = self._news
+        try:
+            async with self.control.connect() as conn:
+                later, held = await self.store.tasks.next_due(
+                    conn, self.options.queues, self.names, held=self._limited
+                )
+        except OncelyError as exc:
+            logger.debug("reading when the next task is due failed: %s", exc)
+            return poll
+        wait = poll if held else LISTENING_POLL_S if later is None else later
+        wait = max(0.0, min(wait, LISTENING_POLL_S))
+        self._looked = (news, time.monotonic() + wait)
+        return wait
+
+    async def _keep_listening(self, closing: asyncio.Event) -> None:
+        """Keep LISTEN up while the worker runs: after a failure or a lost connection, try
+        again with backoff (the leaser polls every `poll` meanwhile); once it works again,
+        look for tasks at once (some may have been enqueued while no one listened)."""
+        engine = self._listening_engine or self.store.engine
+        retry = LISTEN_RETRY_FIRST_S
+        while not closing.is_set():
+            lost = asyncio.Event()
+
+            def on_lost(lost: asyncio.Event = lost) -> None:
+                lost.set()
+                self.listening = False
+                self.notify()  # the leaser goes back to polling now
+
+            try:
+                async with self.store.listen(self.notify, engine=engine, on_lost=on_lost) as works:
+                    if works and not lost.is_set():
+                        self.listening = True
+                        retry = LISTEN_RETRY_FIRST_S
+                        self.notify()
+                        await _first(closing, lost)
+            finally:
+                self.listening = False
+            if not self.store.dialect.notifies:
+                return  # SQLite: polling is all there is
+            await _first(closing, timeout=retry)
+            retry = min(retry * 2, LISTEN_RETRY_MAX_S)
 
     async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased]:
         options = self.options
@@ -500,6 +581,7 @@ class TaskWorker:
                 self.held.pop(pending.item.id, None)
                 self._decided -= 1
                 self._emit(outcome if pending.item.id in written else LeaseLost(pending.item))
+            self._news += 1  # a retry written may come due before the next look
             self._room.set()
 
     async def _announce(self, stopping: asyncio.Event) -> None:

@@ -1,0 +1,146 @@
+"""An idle worker that notifications wake sends next to nothing, yet starts delayed tasks at
+their time and notices tasks enqueued while its LISTEN connection was down (Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from queue_helpers import in_tx  # type: ignore[import-not-found]
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from oncely import Oncely, TaskState
+from oncely.queue import worker
+from oncely.work import tasks as lanes
+from oncely.work.tasks import TaskWorker
+
+pytestmark = pytest.mark.postgres
+
+
+async def until(
+    check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 30
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if not isinstance(got, bool):
+            got = await got
+        if got:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def running(app: Oncely, **options: Any) -> AsyncIterator[TaskWorker]:
+    """A task worker consuming until the block ends, once its LISTEN works and its first look
+    after that is done."""
+    lanes_worker = worker(app, **options)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(lanes_worker.consume(stopping))
+    try:
+        await until(
+            lambda: lanes_worker.listening and lanes_worker._looked is not None,
+            "the worker to listen",
+        )
+        yield lanes_worker
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 30)
+
+
+class Statements:
+    """Every statement SQLAlchemy sends in this process (every engine), while counting."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.counting = False
+
+    def __call__(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if self.counting:
+            self.sent.append(" ".join(statement.split())[:80])
+
+
+@pytest.fixture
+def statements() -> Any:
+    seen = Statements()
+    event.listen(Engine, "before_cursor_execute", seen)
+    yield seen
+    event.remove(Engine, "before_cursor_execute", seen)
+
+
+async def test_an_idle_listening_worker_sends_few_statements(
+    pg_app: Oncely, statements: Statements
+) -> None:
+    @pg_app.task
+    async def note(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    # poll=0.2: a worker that still polled while notifications wake it would send 5
+    # statements a second; the lease (30 s) puts the rescuer at one statement per 10 s.
+    async with running(pg_app, poll=0.2, lease=30, concurrency=10) as lanes_worker:
+        statements.counting = True
+        await asyncio.sleep(6.0)  # a window to count in, not a synchronisation
+        statements.counting = False
+        assert lanes_worker.listening
+    # In 6 s: at most one fallback look (a lease and when the next task is due), one rescue
+    # and one sign of life, each due every 10 s, and a reconnect's few.
+    assert len(statements.sent) < 8, statements.sent
+
+
+async def test_a_delayed_task_wakes_a_listening_worker_at_its_time(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No fallback look within the test: only the task's own time can wake the worker.
+    monkeypatch.setattr(lanes, "LISTENING_POLL_S", 600.0)
+
+    @pg_app.task
+    async def note(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    async with running(pg_app, poll=600.0):
+        rec = await in_tx(pg_app, lambda db: note.enqueue(db, n=1, delay=timedelta(seconds=1)))
+
+        async def done() -> bool:
+            return (await pg_app.task_record(rec.id)).state is TaskState.SUCCEEDED
+
+        await until(done, "the delayed task to run", timeout=60)
+    ran = await pg_app.task_record(rec.id)
+    assert ran.started_at is not None and ran.started_at >= ran.run_at  # not before its time
+
+
+async def test_tasks_enqueued_while_listen_was_down_are_found_when_it_is_back(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lanes, "LISTENING_POLL_S", 600.0)
+    monkeypatch.setattr(lanes, "LISTEN_RETRY_FIRST_S", 2.0)
+
+    @pg_app.task
+    async def note(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    kill = sa.text(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()"
+    )
+    async with running(pg_app, poll=600.0) as lanes_worker:
+        async with pg_app.store.engine.begin() as conn:
+            assert (await conn.execute(kill)).all() == [(True,)]
+        await until(lambda: not lanes_worker.listening, "the worker to notice the lost LISTEN")
+        rec = await in_tx(pg_app, lambda db: note.enqueue(db, n=1))
+        missed = not lanes_worker.listening  # its notification reached no one of this worker
+
+        async def done() -> bool:
+            return (await pg_app.task_record(rec.id)).state is TaskState.SUCCEEDED
+
+        await until(done, "the task enqueued meanwhile to run", timeout=60)
+        assert lanes_worker.listening  # LISTEN is back
+    assert missed
