@@ -27,8 +27,11 @@ __all__ = ["pypi"]  # the fixture, for this test
 pytestmark = [pytest.mark.install, pytest.mark.postgres, pytest.mark.timeout(900)]
 
 DJANGO = "Django>=6.0,<6.2"
-SUITE_NEEDS = ["pytest>=8", "pytest-asyncio>=0.24", "pytest-timeout>=2.3", "psycopg2-binary>=2.9"]
-"""What tests/conftest.py and the suite's options need besides `oncely[django]`."""
+SUITE_NEEDS = [
+    *("pytest>=8", "pytest-asyncio>=0.24", "pytest-timeout>=2.3", "psycopg2-binary>=2.9"),
+    *("opentelemetry-api>=1.20", "opentelemetry-sdk>=1.20"),  # the enqueue's trace test
+]
+"""What tests/conftest.py and the suite's tests need besides `oncely[django]`."""
 
 
 def python312() -> str:

@@ -115,11 +115,11 @@ def test_readme_starts_with_the_demo_and_the_test_command() -> None:
     commands = [line for line in first.code.splitlines() if line.strip()]
     assert commands == [
         "pip install -e . && oncely demo",
-        "pip install -e '.[test]' && python -m pytest",
+        "pip install -e '.[test]' && python -m pytest -n 2",
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install --quiet -e '.[test]'" in ci  # the same install ...
-    assert re.search(r"^python3? -m pytest$", ci, re.M)  # ... and the same test command
+    assert re.search(r"^python3? -m pytest -n 2$", ci, re.M)  # ... and the same test command
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")

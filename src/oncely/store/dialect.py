@@ -322,12 +322,13 @@ class Dialect(abc.ABC):
         engine: AsyncEngine,
         on_notify: Callable[[], None],
         on_lost: Callable[[], None] | None = None,
+        prober: AsyncEngine | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         """Call `on_notify()` whenever tasks are enqueued, while the context is open, and
         `on_lost()` if the listening connection goes away meanwhile.
 
-        Yields whether notifications work (one sent from another connection arrived);
-        without them workers rely on polling alone.
+        Yields whether notifications work (one sent from another connection, of `prober`,
+        default `engine`, arrived); without them workers rely on polling alone.
         """
         return contextlib.nullcontext(False)
 

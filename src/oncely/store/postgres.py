@@ -464,8 +464,9 @@ class PostgresDialect(Dialect):
         engine: AsyncEngine,
         on_notify: Callable[[], None],
         on_lost: Callable[[], None] | None = None,
+        prober: AsyncEngine | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        return _listen(engine, on_notify, on_lost)
+        return _listen(engine, on_notify, on_lost, prober)
 
     def owns_connection(self, conn: object) -> bool:
         return isinstance(conn, asyncpg.Connection)
@@ -622,10 +623,12 @@ async def _listen_on(
     *,
     probe: bool = False,
     on_lost: Callable[[], None] | None = None,
+    prober: AsyncEngine | None = None,
 ) -> AsyncIterator[bool]:
     """LISTEN on `channel` on a connection of its own; yield False if that is not possible
     (logged as a warning naming `what` listens, if given: the caller polls instead). With
-    `probe`, True only once a notification sent from another connection of `engine` came
+    `probe`, True only once a notification sent from another connection (of `prober`, default
+    `engine`: a worker sends it on its control connection, opening no third one) came
     back (`callback` must hand a probe's payload to `_Probe.seen`). `on_lost()` is called
     if the connection ends while the context is open."""
     log = logging.getLogger("oncely")
@@ -649,7 +652,7 @@ async def _listen_on(
         driver = None
     works = driver is not None
     if works and probe:
-        works = await _probed(engine, channel, callback)
+        works = await _probed(prober or engine, channel, callback)
         if not works and what:
             log.warning(
                 "LISTEN for %s works, but no notification arrives (a pooler in transaction"
@@ -713,10 +716,13 @@ async def _probed(engine: AsyncEngine, channel: str, callback: Callable[..., Non
 
 
 def _listen(
-    engine: AsyncEngine, on_notify: Callable[[], None], on_lost: Callable[[], None] | None
+    engine: AsyncEngine,
+    on_notify: Callable[[], None],
+    on_lost: Callable[[], None] | None,
+    prober: AsyncEngine | None = None,
 ) -> contextlib.AbstractAsyncContextManager[bool]:
-    """LISTEN for new tasks, checked with a probe; yield False (poll only) if that is not
-    possible."""
+    """LISTEN for new tasks, checked with a probe (sent from a connection of `prober`);
+    yield False (poll only) if that is not possible."""
 
     def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
         if isinstance(payload, str) and payload.startswith(_PROBE):
@@ -724,7 +730,9 @@ def _listen(
         else:
             on_notify()
 
-    return _listen_on(engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost)
+    return _listen_on(
+        engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost, prober=prober
+    )
 
 
 SLOT_HELD = sa.text(

@@ -281,7 +281,11 @@ class TaskWorker:
                 self.notify()  # the leaser goes back to polling now
 
             try:
-                async with self.store.listen(self.notify, engine=engine, on_lost=on_lost) as works:
+                # The probe goes out on the control connection: no third connection.
+                listen = self.store.listen(
+                    self.notify, engine=engine, on_lost=on_lost, prober=self.control
+                )
+                async with listen as works:
                     if works and not lost.is_set():
                         self.listening = True
                         retry = LISTEN_RETRY_FIRST_S
