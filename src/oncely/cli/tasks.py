@@ -12,6 +12,7 @@ import click
 
 from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
+from ..masking import mask_secrets
 from ..model import TaskHistory, TaskRecord, TaskState
 from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
@@ -176,7 +177,7 @@ def show_cmd(obj: Context, task_id: int, as_json: bool) -> None:
         data["attempt_errors_more"] = history.more
         click.echo(render.dumps(data))
         return
-    click.echo(render.task_detail(rec))
+    click.echo(mask_secrets(render.task_detail(rec)))
     for line in render.history_lines(history):
         click.echo(line)
 
