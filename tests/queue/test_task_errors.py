@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from queue_helpers import in_tx  # type: ignore[import-not-found]
+from queue_helpers import drain, in_tx  # type: ignore[import-not-found]
 
 from oncely import Oncely, RetryPolicy, TaskState
 from oncely.queue import worker
@@ -245,3 +245,24 @@ async def test_a_sync_tasks_failure_is_kept_the_same_way(app: Oncely) -> None:
         await runner.close()
     assert (await app.task_record(rec.id)).state is TaskState.SUCCEEDED
     assert await error_rows(app, rec.id) == [(1, "Transient: disk full 3", runner.by)]
+
+
+async def test_a_running_worker_keeps_each_failure(app: Oncely) -> None:
+    """The same through `consume`, whose settles go on its own connection (on Postgres in
+    autocommit: each failure's outcome and history row are one statement there)."""
+
+    @app.task(retry=RetryPolicy(attempts=3, **FAST))  # type: ignore[arg-type]
+    async def flaky(db, n: int):  # type: ignore[no-untyped-def]
+        raise Transient(f"n={n}")
+
+    recs = [await in_tx(app, lambda db, n=n: flaky.enqueue(db, n=n)) for n in range(4)]
+
+    async def all_dead() -> bool:
+        states = [(await app.task_record(r.id)).state for r in recs]
+        return states == [TaskState.DEAD] * len(recs)
+
+    await drain(app, all_dead, concurrency=4)
+    for n, rec in enumerate(recs):
+        assert [(a, e) for a, e, _ in await error_rows(app, rec.id)] == [
+            (a, f"Transient: n={n}") for a in (1, 2, 3)
+        ]

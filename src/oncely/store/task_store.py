@@ -684,21 +684,37 @@ class TaskStore:
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
                 done = await self.ack(conn, acks, results)
-                kept: list[dict[str, Any]] = []
-                for s in settles:
-                    if s.state is TaskState.SUCCEEDED:
-                        continue
-                    run_at = self.dialect.after(s.wait) if s.wait is not None else None
-                    stmt = tasks_sql.record_outcome(
-                        s.item.id, s.item.token, s.state.value, run_at, s.error, self.dialect.now()
-                    )
-                    row = (await conn.execute(stmt)).first()
-                    if row is not None:
-                        done.add(s.item.id)
-                        if s.kept:
-                            kept.append(_error_row(s, row.locked_by))
-                if kept and self.store.has_task_errors:  # in the outcomes' own transaction
-                    await conn.execute(tasks_sql.record_errors(self.dialect.now()), kept)
+                done |= await self._record_outcomes(conn, settles)
+        return done
+
+    async def _record_outcomes(self, conn: AsyncConnection, settles: Sequence[Settle]) -> set[int]:
+        """The retries and ends among `settles`, each iff its lease is still ours, with each
+        failure's history row (schema 11) written with it: in the same statement where the
+        database can (a worker's settle connection commits each statement on its own), else
+        after them all in one executemany, in the same transaction; the ids written."""
+        done: set[int] = set()
+        kept: list[dict[str, Any]] = []
+        history = self.store.has_task_errors
+        now = self.dialect.now()
+        for s in settles:
+            if s.state is TaskState.SUCCEEDED:
+                continue
+            run_at = self.dialect.after(s.wait) if s.wait is not None else None
+            stmt = tasks_sql.record_outcome(
+                s.item.id, s.item.token, s.state.value, run_at, s.error, now
+            )
+            if history and s.kept and self.dialect.writes_in_with:
+                stmt = tasks_sql.record_outcome_and_error(stmt, s.error, now)
+                if (await conn.execute(stmt)).first() is not None:
+                    done.add(s.item.id)
+                continue
+            row = (await conn.execute(stmt)).first()
+            if row is not None:
+                done.add(s.item.id)
+                if history and s.kept:
+                    kept.append(_error_row(s, row.locked_by))
+        if kept:
+            await conn.execute(tasks_sql.record_errors(now), kept)
         return done
 
     async def heartbeat(

@@ -492,7 +492,8 @@ def record_outcome(
     task_id: int, token: str, state: str, run_at: Any, error: str | None, now: Any
 ) -> sa.Update:
     """After a task's work rolled back: its retry time (available) or its end (discarded/dead),
-    iff the lease is still ours; RETURNING the worker that held it (for its error's record)."""
+    iff the lease is still ours; RETURNING its id, attempt and the worker that held it (for
+    its error's history row)."""
     values: dict[str, Any] = {"state": state, "error": error, "lease_expires_at": None}
     if state == AVAILABLE:
         values.update(run_at=run_at, finished_at=None, lease_token=None)
@@ -502,7 +503,25 @@ def record_outcome(
         sa.update(tasks)
         .where(tasks.c.id == task_id, tasks.c.lease_token == token, tasks.c.state == RUNNING)
         .values(**values)
-        .returning(tasks.c.locked_by)
+        .returning(tasks.c.id, tasks.c.attempt, tasks.c.locked_by)
+    )
+
+
+_ERROR_COLUMNS = ["task_id", "attempt", "error", "by", "at"]
+
+
+def record_outcome_and_error(outcome: sa.Update, error: str | None, now: Any) -> Any:
+    """A failed attempt's `record_outcome` and its history row in one statement (an UPDATE
+    in a WITH, the INSERT from what it returned: where `Dialect.writes_in_with`), so that
+    both commit or neither, in a transaction or not; RETURNING the task id (no row: the
+    lease was not ours, nothing was written)."""
+    done = outcome.cte("done")
+    kept = sa.select(done.c.id, done.c.attempt, sa.literal(error, sa.Text()), done.c.locked_by, now)
+    return (
+        sa.insert(task_errors)
+        .from_select(_ERROR_COLUMNS, kept)
+        .add_cte(done)
+        .returning(task_errors.c.task_id)
     )
 
 
