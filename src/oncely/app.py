@@ -28,6 +28,7 @@ from .model import (
     RunResult,
     RunStatus,
     Slot,
+    TaskHistory,
     TaskRecord,
     TaskState,
 )
@@ -37,6 +38,7 @@ from .runner import run_slot
 from .schedule import Schedule
 from .store import Store
 from .store.control import Action
+from .store.views import ERRORS_SHOWN
 from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
 from .work import supervisor
 from .work.options import WorkerOptions
@@ -413,6 +415,12 @@ class Oncely:
         if rec is None:
             raise BadInputError(f"no task with id {task_id} (never enqueued, or pruned)")
         return rec
+
+    async def task_errors(self, task_id: int, limit: int = ERRORS_SHOWN) -> TaskHistory:
+        """A task's failed attempts, newest first (at most `limit`): each one's number, error
+        and traceback, worker and time; none kept on a database older than schema 11."""
+        await self.store.ensure_schema()
+        return await self.store.views.task_errors(task_id, limit)
 
     async def task_result(self, task_id: int, *, timeout: float | None = 30.0) -> Any:
         """What task `task_id` returned (None if it returned None), once it has succeeded:

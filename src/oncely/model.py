@@ -124,6 +124,28 @@ class TaskRecord:
 
 
 @dataclass(frozen=True)
+class TaskError:
+    """One failed attempt of a task, as its history keeps it (schema 11): the attempt's
+    number (counted again from 1 after an operator's retry), its error and traceback as the
+    task row kept it, the worker that ran it and when its failure was recorded."""
+
+    attempt: int
+    error: str | None
+    by: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
+class TaskHistory:
+    """The newest recorded failed attempts of a task, newest first: `kept` False on a
+    database older than schema 11 (no history there); `more` when older ones exist."""
+
+    errors: list[TaskError]
+    kept: bool = True
+    more: bool = False
+
+
+@dataclass(frozen=True)
 class Pause:
     """A pause of a job: who asked, when and why; in force while `resumed_at` is None."""
 

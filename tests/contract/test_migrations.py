@@ -71,6 +71,7 @@ def as_v2(engine: sa.Engine) -> None:
         for table in ("oncely_attempts", "oncely_pauses", "oncely_audit", "oncely_task_cancels"):
             conn.exec_driver_sql(f"DROP TABLE {table}")  # v4's
         conn.exec_driver_sql("DROP TABLE oncely_duplicates")  # v8's
+        conn.exec_driver_sql("DROP TABLE oncely_task_errors")  # v11's
         conn.exec_driver_sql("DELETE FROM oncely_schema WHERE version > 2")
 
 

@@ -443,9 +443,12 @@ async def test_prune_deletes_in_batches_each_committed_on_its_own(store: Store) 
             )
     deletes: list[str] = []
     commits: list[int] = []
+    errors_at: list[tuple[int, int]] = []  # (batch deletes, commits) at each errors' delete
 
     def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if "DELETE FROM" in statement.upper():
+        if "DELETE FROM ONCELY_TASK_ERRORS" in statement.upper():
+            errors_at.append((len(deletes), len(commits)))
+        elif "DELETE FROM" in statement.upper():
             deletes.append(statement)
 
     sync = store.engine.sync_engine
@@ -457,6 +460,8 @@ async def test_prune_deletes_in_batches_each_committed_on_its_own(store: Store) 
         sa.event.remove(sync, "before_cursor_execute", seen)
     assert len(deletes) == 9
     assert commits == list(range(1, 10))  # one commit after each DELETE
+    # Each batch of tasks deleted takes their attempt errors along, before its commit.
+    assert errors_at == [(1, 0), (2, 1), (3, 2)]
     assert await ids(store) == made[5:]
     async with store.engine.connect() as conn:
         left = [r.key for r in await conn.execute(sa.select(runs.c.key))]

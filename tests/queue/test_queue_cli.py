@@ -123,3 +123,50 @@ def test_retry_discard_and_prune(env: dict[str, str], sync_engine: sa.Engine) ->
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.startswith("pruned 1 finished tasks and 0 claims")
     assert count(sync_engine) == 2
+
+
+def test_tasks_show_prints_every_failed_attempt(
+    env: dict[str, str], sync_engine: sa.Engine
+) -> None:
+    """`oncely tasks show ID` ends with each failed attempt's error and traceback, newest
+    first, credentials masked; `--json` has them as a list; `oncely prune` takes them along."""
+    enqueued = run_cli("enqueue", "record", "--json", '{"n": 1}', cwd=ROOT, env=env)
+    assert enqueued.returncode == 0, enqueued.stderr
+    (task,) = json.loads(run_cli("tasks", "--json", cwd=ROOT, env=env).stdout)
+    errors = [
+        (1, "Transient: first\nTraceback (most recent call last):\n  File a.py", "w-1"),
+        (2, "Transient: no postgresql://bo:s3cret@db/x\nTraceback (most recent call last):", "w-2"),
+    ]
+    with sync_engine.begin() as conn:
+        for attempt, error, by in errors:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO oncely_task_errors (task_id, attempt, error, by, at) "
+                    "VALUES (:t, :a, :e, :b, '2026-01-01 00:00:00+00:00')"
+                ),
+                {"t": task["id"], "a": attempt, "e": error, "b": by},
+            )
+        conn.execute(
+            sa.text(
+                "UPDATE oncely_tasks SET state = 'dead', attempt = 2, error = :e, "
+                "finished_at = '2000-01-01 00:00:00+00:00' WHERE id = :i"
+            ),
+            {"e": errors[1][1], "i": task["id"]},
+        )
+    shown = run_cli("tasks", "show", str(task["id"]), cwd=ROOT, env=env)
+    assert shown.returncode == 0, shown.stderr
+    history = shown.stdout.split("failed attempts (2, newest first):\n", 1)[1]
+    assert history.index("attempt 2 at 2026-01-01T00:00:00+00:00 by w-2:") < history.index(
+        "attempt 1 at 2026-01-01T00:00:00+00:00 by w-1:"
+    )
+    assert "    Transient: first\n    Traceback (most recent call last):\n" in history
+    assert "postgresql://bo:***@db/x" in history and "s3cret" not in shown.stdout
+    data = json.loads(run_cli("tasks", "show", str(task["id"]), "--json", cwd=ROOT, env=env).stdout)
+    assert [(e["attempt"], e["by"]) for e in data["attempt_errors"]] == [(2, "w-2"), (1, "w-1")]
+    assert data["attempt_errors"][1]["error"] == errors[0][1]
+    assert data["attempt_errors_more"] is False
+
+    pruned = run_cli("prune", "--older-than", "30d", cwd=ROOT, env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    with sync_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM oncely_task_errors")).scalar() == 0

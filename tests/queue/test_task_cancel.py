@@ -45,6 +45,7 @@ async def test_cancel_of_a_running_task_rolls_it_back_and_discards_it(app: Oncel
     task = await app.task_record(rec.id)
     assert task.attempt == 1
     assert task.error is not None and "TaskCancelledError" in task.error
+    assert (await app.task_errors(rec.id)).errors == []  # a cancel is no failed attempt
     assert await effects(app) == [2]  # the cancelled task's work never landed
     audit = [e for e in await app.audit() if e.action == "task_cancel"]
     assert [e.target for e in audit] == [f"task {rec.id}"]

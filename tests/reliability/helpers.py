@@ -33,6 +33,7 @@ TABLES = (
     "oncely_audit",
     "oncely_task_cancels",
     "oncely_duplicates",
+    "oncely_task_errors",
 )
 
 

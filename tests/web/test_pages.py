@@ -4,11 +4,16 @@ task listing with its keyset pagination and filters, a task, the audit trail."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
+import sqlalchemy as sa
 from tests.web.conftest import HOUR, Web, attrs
 
+from oncely import RetryPolicy
+from oncely.queue import worker
 from oncely.store.tables import attempts, pauses
 
 
@@ -170,6 +175,62 @@ async def test_task_page_shows_arguments_attempts_error_and_lease(web: Web) -> N
     assert attrs(html, "task", "data-state") == ["dead"]
     for button in ("retry", "discard", "cancel"):
         assert len(attrs(html, button)) == 1
+
+
+async def test_task_page_lists_every_failed_attempt_newest_first(web: Web) -> None:
+    """Each failed attempt's error and traceback, its number and worker, credentials masked;
+    past 50 the newest 50 and a note; a task without history keeps the older note."""
+    app = web.app
+    failures = iter(["gateway timeout", "bad gateway at postgresql://bo:s3cret@db/pay"])
+
+    @app.task(retry=RetryPolicy(attempts=2, wait=0.01, backoff="fixed", jitter=0))
+    async def flaky(db):  # type: ignore[no-untyped-def]
+        raise RuntimeError(next(failures))
+
+    task_id = (await flaky.enqueue_committed(app.store)).id
+    runner = worker(app)
+    try:
+        for _ in range(2):
+            deadline = time.monotonic() + 10
+            while not await runner.step():
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+    finally:
+        await runner.close()
+    html = (await web.board().get(f"/tasks/{task_id}")).text
+    assert attrs(html, "task", "data-state") == ["dead"]
+    assert attrs(html, "task-errors", "data-count") == ["2"]
+    assert attrs(html, "task-attempt-error", "data-attempt") == ["2", "1"]
+    first, second = html.split('data-testid="task-attempt-error"')[2:0:-1]
+    assert "RuntimeError: gateway timeout" in first and "Traceback" in first
+    assert "RuntimeError: bad gateway at postgresql://bo:***@db/pay" in second
+    assert runner.by in second
+    assert "s3cret" not in html
+    assert "were replaced" not in html and attrs(html, "task-errors-more") == []
+
+    # More than 50: the newest 50, and a note.
+    with web.engine.begin() as conn:
+        for n in range(3, 54):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO oncely_task_errors (task_id, attempt, error, by, at) "
+                    "VALUES (:t, :n, :e, 'w', :at)"
+                ),
+                {"t": task_id, "n": n, "e": f"E: {n}", "at": web.now()},
+            )
+    html = (await web.board().get(f"/tasks/{task_id}")).text
+    shown = attrs(html, "task-attempt-error", "data-attempt")
+    assert shown == [str(n) for n in range(53, 3, -1)]
+    assert len(attrs(html, "task-errors-more")) == 1
+
+    # An error on the row without history (written before schema 11): the note says so.
+    (other,) = await _tasks(web, 1)
+    with web.engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"UPDATE oncely_tasks SET state = 'dead', error = 'E: x' WHERE id = {other}"
+        )
+    html = (await web.board().get(f"/tasks/{other}")).text
+    assert attrs(html, "task-errors") == [] and len(attrs(html, "task-errors-note")) == 1
 
 
 async def test_audit_page_filters(web: Web) -> None:

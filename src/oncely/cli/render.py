@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ..masking import mask_secrets
 from ..model import (
     Attempt,
     AuditEntry,
@@ -16,6 +17,7 @@ from ..model import (
     PlannedSlot,
     RunResult,
     RunStatus,
+    TaskHistory,
     TaskRecord,
     TaskState,
 )
@@ -181,6 +183,40 @@ def task_detail(rec: TaskRecord) -> str:
         lines.append("error:" if rec.state is not TaskState.SUCCEEDED else "earlier error:")
         lines += ["  " + line for line in error.rstrip().split("\n")]
     return "\n".join(lines)
+
+
+def history_list(history: TaskHistory) -> list[dict[str, Any]] | None:
+    """A task's failed attempts for `oncely tasks show --json`, newest first, credentials
+    masked (None: the database keeps none, schema older than 11)."""
+    if not history.kept:
+        return None
+    return [
+        {
+            "attempt": e.attempt,
+            "at": e.at.isoformat(),
+            "by": e.by,
+            "error": mask_secrets(e.error) if e.error is not None else None,
+        }
+        for e in history.errors
+    ]
+
+
+def history_lines(history: TaskHistory) -> list[str]:
+    """A task's failed attempts as `oncely tasks show` prints them, newest first, each
+    error with its traceback, credentials masked."""
+    if not history.kept:
+        return ["attempts: only the last error is kept (schema older than 11: `oncely migrate`)"]
+    if not history.errors:
+        return []
+    lines = [f"failed attempts ({len(history.errors)}, newest first):"]
+    for e in history.errors:
+        lines.append(f"  attempt {e.attempt} at {e.at.isoformat()} by {e.by or '-'}:")
+        lines += ["    " + line for line in mask_secrets(e.error or "-").rstrip().split("\n")]
+    if history.more:
+        lines.append(
+            f"  (older failed attempts are kept too; the newest {len(history.errors)} shown)"
+        )
+    return lines
 
 
 def _compact(data: Any) -> str:

@@ -12,7 +12,8 @@ import click
 
 from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
-from ..model import TaskRecord, TaskState
+from ..masking import mask_secrets
+from ..model import TaskHistory, TaskRecord, TaskState
 from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -163,9 +164,22 @@ def retry_cmd(obj: Context, task_id: int, actor: str | None, as_json: bool) -> N
 @click.pass_obj
 @handled
 def show_cmd(obj: Context, task_id: int, as_json: bool) -> None:
-    """Show one task: its fields, what it returned (once succeeded) and its last error."""
-    rec = obj.call(lambda app: app.task_record(task_id))
-    click.echo(render.dumps(render.task_dict(rec)) if as_json else render.task_detail(rec))
+    """Show one task: its fields, what it returned (once succeeded), its last error and
+    every failed attempt's error (the newest 50), newest first."""
+
+    async def read(app: Oncely) -> tuple[TaskRecord, TaskHistory]:
+        return await app.task_record(task_id), await app.task_errors(task_id)
+
+    rec, history = obj.call(read)
+    if as_json:
+        data = render.task_dict(rec)
+        data["attempt_errors"] = render.history_list(history)
+        data["attempt_errors_more"] = history.more
+        click.echo(render.dumps(data))
+        return
+    click.echo(mask_secrets(render.task_detail(rec)))
+    for line in render.history_lines(history):
+        click.echo(line)
 
 
 @tasks.command("discard")

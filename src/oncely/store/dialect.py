@@ -377,6 +377,11 @@ class Dialect(abc.ABC):
         running the attempt again resolves (SQLite's write lock), not the task's failing."""
         return False
 
+    writes_in_with = False
+    """Whether a statement can UPDATE in a WITH and INSERT from it (Postgres): a failed
+    attempt's outcome and its history row in one statement, atomic on an autocommit
+    connection (a worker's settles); else two statements in the settle's transaction."""
+
     concurrent_leases = False
     """Whether two transactions may lease at once (Postgres), so that one may miss the
     other's lease committed while it ran: a lease of limited tasks then counts again."""

@@ -18,6 +18,7 @@ from .tables import (
     runs,
     schema_versions,
     task_cancels,
+    task_errors,
     task_starts,
     tasks,
     workers,
@@ -129,6 +130,12 @@ def _v10_indexes(conn: Connection) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _v11_task_errors(conn: Connection) -> None:
+    # A new table only: this oncely runs on v9 and v10 without it (`Store.has_task_errors`):
+    # their failed attempts keep only the last error, on the task row, as before.
+    task_errors.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -142,6 +149,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (8, "oncely_duplicates: suppressed duplicate slot attempts", _v8_duplicates),
     (9, "oncely_tasks: the trace context of the code that enqueued each task", _v9_trace_context),
     (10, "indexes: available tasks by run_at, claims by (job, slot)", _v10_indexes),
+    (11, "oncely_task_errors: every failed task attempt's error", _v11_task_errors),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -154,6 +162,10 @@ records, and the operator's commands ask for `oncely migrate`."""
 
 DUPLICATES = 8
 """The schema version that holds oncely_duplicates: older databases record no duplicates."""
+
+TASK_ERRORS = 11
+"""The schema version that holds oncely_task_errors: older databases keep only each task's
+last error (on its row), and record no history."""
 
 REQUIRED = 9
 """The oldest schema this oncely runs on. v4 and v9 add columns that this oncely's enqueue

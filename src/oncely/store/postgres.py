@@ -433,6 +433,7 @@ class PostgresDialect(Dialect):
     notifies = True
 
     concurrent_leases = True
+    writes_in_with = True
 
     def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
         # 64 bits of the group's name (tagged by kind) as the two-int form, like the slot

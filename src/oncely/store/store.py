@@ -43,7 +43,7 @@ from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
-from .migrations import CONTROL, DUPLICATES, LATEST, REQUIRED, apply_migrations
+from .migrations import CONTROL, DUPLICATES, LATEST, REQUIRED, TASK_ERRORS, apply_migrations
 from .outcome import task_landed
 from .plan import run, run_async
 from .session import (
@@ -159,6 +159,11 @@ class Store:
     def has_duplicates(self) -> bool:
         """Whether the database records suppressed duplicates (schema 8)."""
         return self._version is not None and self._version >= DUPLICATES
+
+    @property
+    def has_task_errors(self) -> bool:
+        """Whether the database keeps every failed task attempt's error (schema 11)."""
+        return self._version is not None and self._version >= TASK_ERRORS
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool
@@ -458,6 +463,8 @@ class Store:
         with self.translate():
             async with self.engine.begin() as conn:
                 await conn.execute(tasks_sql.clear())
+                if self.has_task_errors:
+                    await conn.execute(tasks_sql.clear_errors())
                 return int((await conn.execute(sql.clear())).rowcount)
 
     # -- the ledger ---------------------------------------------------------------------

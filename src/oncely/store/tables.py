@@ -263,3 +263,22 @@ duplicates = sa.Table(
 )
 sa.Index("oncely_duplicates_slot", duplicates.c.job, duplicates.c.key)
 sa.Index("oncely_duplicates_recorded_at", duplicates.c.recorded_at)
+
+
+# Every failed attempt's error (schema v11): one row per attempt that was retried, died or
+# was discarded, written in the statement batch that records its outcome on the task row
+# (whose `error` keeps the last one only). A surrogate key: an operator's retry starts the
+# attempts again at 1, and the history before it stays. Read by task, newest first, on
+# (task_id, id); deleted with its task by prune.
+task_errors = sa.Table(
+    "oncely_task_errors",
+    metadata,
+    sa.Column("id", _ROW_ID, primary_key=True, autoincrement=True),
+    sa.Column("task_id", _TASK_ID, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("by", sa.String(255), nullable=True),
+    sa.Column("at", UTCDateTime(), nullable=False),
+    comment="One row per failed task attempt: its error and traceback, who ran it, when.",
+)
+sa.Index("oncely_task_errors_task", task_errors.c.task_id, task_errors.c.id)

@@ -49,6 +49,9 @@ class Ledger(Protocol):
 
     async def ensure_schema(self) -> None: ...
 
+    @property
+    def has_task_errors(self) -> bool: ...
+
     async def _read(self, stmt: Any) -> list[Any]: ...
 
     @property
@@ -304,6 +307,14 @@ class Settle:
     error: str | None = None
     result: str | None = None
     """A success's return value, as JSON text (`tasks.encode_result`), or None."""
+    kept: bool = True
+    """Whether a failure's `error` joins the task's attempt history (oncely_task_errors,
+    schema 11) as well as its row: False for an operator's cancel, which is no failure."""
+
+
+def _error_row(s: Settle, by: str | None) -> dict[str, Any]:
+    """A failed attempt's history row, as record_errors' parameters."""
+    return {"p_task": s.item.id, "p_attempt": s.item.attempt, "p_error": s.error, "p_by": by}
 
 
 class TaskTransaction:
@@ -673,15 +684,37 @@ class TaskStore:
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
                 done = await self.ack(conn, acks, results)
-                for s in settles:
-                    if s.state is TaskState.SUCCEEDED:
-                        continue
-                    run_at = self.dialect.after(s.wait) if s.wait is not None else None
-                    stmt = tasks_sql.record_outcome(
-                        s.item.id, s.item.token, s.state.value, run_at, s.error, self.dialect.now()
-                    )
-                    if (await conn.execute(stmt)).rowcount:
-                        done.add(s.item.id)
+                done |= await self._record_outcomes(conn, settles)
+        return done
+
+    async def _record_outcomes(self, conn: AsyncConnection, settles: Sequence[Settle]) -> set[int]:
+        """The retries and ends among `settles`, each iff its lease is still ours, with each
+        failure's history row (schema 11) written with it: in the same statement where the
+        database can (a worker's settle connection commits each statement on its own), else
+        after them all in one executemany, in the same transaction; the ids written."""
+        done: set[int] = set()
+        kept: list[dict[str, Any]] = []
+        history = self.store.has_task_errors
+        now = self.dialect.now()
+        for s in settles:
+            if s.state is TaskState.SUCCEEDED:
+                continue
+            run_at = self.dialect.after(s.wait) if s.wait is not None else None
+            stmt = tasks_sql.record_outcome(
+                s.item.id, s.item.token, s.state.value, run_at, s.error, now
+            )
+            if history and s.kept and self.dialect.writes_in_with:
+                stmt = tasks_sql.record_outcome_and_error(stmt, s.error, now)
+                if (await conn.execute(stmt)).first() is not None:
+                    done.add(s.item.id)
+                continue
+            row = (await conn.execute(stmt)).first()
+            if row is not None:
+                done.add(s.item.id)
+                if history and s.kept:
+                    kept.append(_error_row(s, row.locked_by))
+        if kept:
+            await conn.execute(tasks_sql.record_errors(now), kept)
         return done
 
     async def heartbeat(
@@ -827,19 +860,25 @@ class TaskStore:
         await self.store.ensure_schema()
         pruned_tasks = 0
         for state in tasks_sql.FINISHED:
-            pruned_tasks += await self._delete_batches(tasks_sql.prune_tasks(state, before, batch))
+            pruned_tasks += await self._delete_batches(
+                tasks_sql.prune_tasks(state, before, batch), with_errors=True
+            )
         pruned_claims = await self._delete_batches(tasks_sql.prune_claims(before, batch))
         return pruned_tasks, pruned_claims
 
-    async def _delete_batches(self, stmt: Any) -> int:
-        """Run a batch DELETE (RETURNING the time of each row deleted), each time in its own
-        transaction and from the newest time the last one deleted, until one deletes nothing;
-        how many rows it deleted in all."""
+    async def _delete_batches(self, stmt: Any, *, with_errors: bool = False) -> int:
+        """Run a batch DELETE (RETURNING the time of each row deleted, then, `with_errors`,
+        its task id), each time in its own transaction and from the newest time the last one
+        deleted, until one deletes nothing; how many rows it deleted in all. `with_errors`:
+        the deleted tasks' attempt errors go in the same transaction (schema 11)."""
         total, since = 0, _EARLIEST
         while True:
             with self.store.translate():
                 async with self.store.engine.begin() as conn:
-                    times = (await conn.execute(stmt, {"p_since": since})).scalars().all()
+                    rows = (await conn.execute(stmt, {"p_since": since})).all()
+                    if rows and with_errors and self.store.has_task_errors:
+                        await conn.execute(tasks_sql.forget_errors([r[1] for r in rows]))
+            times = [r[0] for r in rows]
             if not times:
                 return total
             total += len(times)

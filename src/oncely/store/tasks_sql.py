@@ -19,6 +19,7 @@ from .tables import (
     UNLIMITED,
     UTCDateTime,
     runs,
+    task_errors,
     task_starts,
     tasks,
     workers,
@@ -491,7 +492,8 @@ def record_outcome(
     task_id: int, token: str, state: str, run_at: Any, error: str | None, now: Any
 ) -> sa.Update:
     """After a task's work rolled back: its retry time (available) or its end (discarded/dead),
-    iff the lease is still ours."""
+    iff the lease is still ours; RETURNING its id, attempt and the worker that held it (for
+    its error's history row)."""
     values: dict[str, Any] = {"state": state, "error": error, "lease_expires_at": None}
     if state == AVAILABLE:
         values.update(run_at=run_at, finished_at=None, lease_token=None)
@@ -501,7 +503,53 @@ def record_outcome(
         sa.update(tasks)
         .where(tasks.c.id == task_id, tasks.c.lease_token == token, tasks.c.state == RUNNING)
         .values(**values)
+        .returning(tasks.c.id, tasks.c.attempt, tasks.c.locked_by)
     )
+
+
+_ERROR_COLUMNS = ["task_id", "attempt", "error", "by", "at"]
+
+
+def record_outcome_and_error(outcome: sa.Update, error: str | None, now: Any) -> Any:
+    """A failed attempt's `record_outcome` and its history row in one statement (an UPDATE
+    in a WITH, the INSERT from what it returned: where `Dialect.writes_in_with`), so that
+    both commit or neither, in a transaction or not; RETURNING the task id (no row: the
+    lease was not ours, nothing was written)."""
+    done = outcome.cte("done")
+    kept = sa.select(done.c.id, done.c.attempt, sa.literal(error, sa.Text()), done.c.locked_by, now)
+    return (
+        sa.insert(task_errors)
+        .from_select(_ERROR_COLUMNS, kept)
+        .add_cte(done)
+        .returning(task_errors.c.task_id)
+    )
+
+
+def record_errors(now: Any) -> sa.Insert:
+    """Keep failed attempts' errors, one row per parameter set (p_task, p_attempt, p_error,
+    p_by), executemany, at database time `now` (schema v11)."""
+    return sa.insert(task_errors).values(
+        task_id=sa.bindparam("p_task"),
+        attempt=sa.bindparam("p_attempt"),
+        error=sa.bindparam("p_error", type_=sa.Text()),
+        by=sa.bindparam("p_by", type_=sa.String()),
+        at=now,
+    )
+
+
+def errors_of(task_id: int, limit: int) -> sa.Select[Any]:
+    """A task's recorded attempt errors, newest first, at most `limit` (on its index)."""
+    return (
+        sa.select(task_errors)
+        .where(task_errors.c.task_id == task_id)
+        .order_by(task_errors.c.id.desc())
+        .limit(limit)
+    )
+
+
+def forget_errors(task_ids: Sequence[int]) -> sa.Delete:
+    """Delete the attempt errors of these tasks (pruned in the same transaction)."""
+    return sa.delete(task_errors).where(task_errors.c.task_id.in_(list(task_ids)))
 
 
 def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any, now: Any) -> Any:
@@ -662,7 +710,8 @@ def prune_tasks(state: str, before: datetime, limit: int = PRUNE_BATCH) -> Any:
     condition is checked again on a row that changed meanwhile (an operator's retry of a dead
     task), so such a row is never deleted; rows another transaction holds are skipped, not
     waited for. RETURNING the finished_at of each row deleted (a count that does not depend
-    on the driver's rowcount, which sqlite3 does not give for a WITH; the next :p_since)."""
+    on the driver's rowcount, which sqlite3 does not give for a WITH; the next :p_since) and
+    its id (whose attempt errors go in the same transaction)."""
     old = sa.and_(tasks.c.state == state, tasks.c.finished_at < before)
     chosen = (
         sa.select(tasks.c.id)
@@ -673,7 +722,7 @@ def prune_tasks(state: str, before: datetime, limit: int = PRUNE_BATCH) -> Any:
     )
     batch = _batch(chosen)
     doomed = tasks.c.id.in_(sa.select(batch.c.id))
-    return sa.delete(tasks).where(doomed, old).returning(tasks.c.finished_at)
+    return sa.delete(tasks).where(doomed, old).returning(tasks.c.finished_at, tasks.c.id)
 
 
 def prune_claims(before: datetime, limit: int = PRUNE_BATCH) -> Any:
@@ -707,6 +756,11 @@ def counts_by_task() -> sa.Select[Any]:
 def clear() -> sa.Delete:
     """Delete every task (test databases only)."""
     return sa.delete(tasks)
+
+
+def clear_errors() -> sa.Delete:
+    """Delete every recorded attempt error (test databases only)."""
+    return sa.delete(task_errors)
 
 
 def worker_gone(worker_id: str) -> sa.Delete:

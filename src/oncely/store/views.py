@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..model import Attempt, AuditEntry, Claim, TaskRecord
+from ..model import Attempt, AuditEntry, Claim, TaskError, TaskHistory, TaskRecord
 from . import sql, tasks_sql
 from .claims import claim_from_row
 from .control import _attempt, _audit_entry
@@ -24,6 +24,8 @@ WINDOW = 5000
 """Task ids one page of a listing looks at, at most, when no index holds its filter."""
 COUNT_CAP = 10000
 """A count stops here (per index it reads): the page shows "10,000+"."""
+ERRORS_SHOWN = 50
+"""Failed attempts a task's page shows at most (the newest)."""
 MINUTE_CAP = 50000
 """Rows of each series a per-minute strip reads at most (the newest)."""
 
@@ -35,6 +37,9 @@ class ViewLedger(Protocol):
 
     @property
     def has_duplicates(self) -> bool: ...
+
+    @property
+    def has_task_errors(self) -> bool: ...
 
     async def _read(self, stmt: Any) -> list[Any]: ...
 
@@ -108,6 +113,15 @@ class Views:
         if len(found) > limit:
             return TaskPage(found[:limit], found[limit - 1].id, scanned)
         return TaskPage(found, more, scanned)
+
+    async def task_errors(self, task_id: int, limit: int = ERRORS_SHOWN) -> TaskHistory:
+        """A task's newest `limit` failed attempts, newest first, on the (task_id, id) index;
+        no history on a database older than schema 11."""
+        if not self.store.has_task_errors:
+            return TaskHistory([], kept=False)
+        rows = await self.store._read(tasks_sql.errors_of(task_id, limit + 1))
+        found = [TaskError(r.attempt, r.error, r.by, r.at) for r in rows[:limit]]
+        return TaskHistory(found, more=len(rows) > limit)
 
     async def newest_task_id(self) -> int | None:
         """The highest task id, if any."""

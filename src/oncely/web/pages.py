@@ -312,6 +312,7 @@ async def task_page(settings: Settings, request: Request) -> Response:
         rec, answer, sentence = await settings.app.explain_task(task_id)
     except BadInputError as exc:
         return error(settings, request, 404, str(exc), granted)
+    history = await settings.app.store.views.task_errors(task_id)
     return page(
         settings,
         request,
@@ -322,6 +323,7 @@ async def task_page(settings: Settings, request: Request) -> Response:
         result=pretty(rec.result),
         answer=answer,
         sentence=sentence,
+        history=history,
     )
 
 

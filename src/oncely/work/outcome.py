@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ..errors import TaskCancelledError
 from ..model import TaskState
 from ..retry import Discard, GiveUp, Retry, RetryPolicy
 from ..store.task_store import Leased, Settle
@@ -109,7 +110,9 @@ def settle(outcome: Outcome) -> Settle | None:
     if isinstance(outcome, Retried):
         return Settle(outcome.item, TaskState.AVAILABLE, outcome.wait, error_text(outcome.error))
     if isinstance(outcome, Discarded):
-        return Settle(outcome.item, TaskState.DISCARDED, None, error_text(outcome.error))
+        # An operator's cancel ends the task without being one of its failures.
+        kept = not isinstance(outcome.error, TaskCancelledError)
+        return Settle(outcome.item, TaskState.DISCARDED, None, error_text(outcome.error), kept=kept)
     if isinstance(outcome, Dead):
         text = error_text(outcome.error) if outcome.error is not None else outcome.text
         return Settle(outcome.item, TaskState.DEAD, None, text)

@@ -494,6 +494,7 @@ class TaskWorker:
         outcomes, in lease order. The worker's one step, for tests and the testing toolkit
         (`keep_leases` renews the leases meanwhile, if the tasks are slow)."""
         options = self.options
+        await self.store.ensure_schema()  # once: what the schema keeps (an error history)
         async with self.control.connect() as conn:
             leased = await self.store.tasks.fetch(
                 conn,
