@@ -56,7 +56,10 @@ def web(obj: Context, host: str, port: int, allow_actions: bool, token: str | No
 
         from ..web import dashboard
     except ImportError as exc:
-        fail(f"the dashboard needs its extra: pip install 'oncely[web]' ({exc})")
+        fail(
+            "the dashboard needs oncely's `web` extra (Starlette, Jinja2, python-multipart,"
+            f" uvicorn): pip install -e '.[web]' in oncely's source ({exc})"
+        )
     app = obj.app
     if token is not None and not allow_actions:
         click.echo("note: --token without --allow-actions: the dashboard is read-only", err=True)
