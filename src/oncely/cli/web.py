@@ -58,7 +58,7 @@ def web(obj: Context, host: str, port: int, allow_actions: bool, token: str | No
     except ImportError as exc:
         fail(
             "the dashboard needs oncely's `web` extra (Starlette, Jinja2, python-multipart,"
-            f" uvicorn): pip install -e '.[web]' in oncely's source ({exc})"
+            f" uvicorn), e.g. in a clone of oncely: pip install -e '.[web]' ({exc})"
         )
     app = obj.app
     if token is not None and not allow_actions:
