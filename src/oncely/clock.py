@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
+from .errors import BadInputError
+
 _source: Callable[[], datetime] | None = None
 
 FUTURE_SKEW = timedelta(seconds=5)
@@ -31,3 +33,26 @@ def set_source(source: Callable[[], datetime] | None) -> None:
 def is_set() -> bool:
     """Whether a test clock replaces the wall clock (then it stands in for database time too)."""
     return _source is not None
+
+
+MIN_YEAR, MAX_YEAR = 1970, 9000
+"""The years a time given by a person (an option, a form field) may name."""
+
+
+def parse_iso(value: str, what: str, *, hint: str, naive: str | None = None) -> datetime:
+    """An ISO-8601 time given by a person (`Z` allowed), as `what` (named in errors, with
+    `hint`). Without a UTC offset: BadInputError(`naive`), or, with `naive` None, UTC."""
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInputError(f"bad {what} {value!r}: {hint}") from None
+    if parsed.tzinfo is None:
+        if naive is not None:
+            raise BadInputError(f"bad {what} {value!r}: {naive}")
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    if not MIN_YEAR <= parsed.year <= MAX_YEAR:
+        raise BadInputError(f"bad {what} {value!r}: the year must be {MIN_YEAR}-{MAX_YEAR}")
+    return parsed

@@ -33,7 +33,6 @@ from .loading import load_app
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 LEVELS = ("debug", "info", "warning", "error")
-MIN_YEAR, MAX_YEAR = 1970, 9000
 """The years a time on the command line may name (slot arithmetic stays far from datetime's
 year 1 and 9999)."""
 T = TypeVar("T")
@@ -137,24 +136,13 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     """An ISO-8601 time with a UTC offset (`Z` allowed), or None."""
     if value is None:
         return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise BadInputError(
-            f"bad {option} {value!r}: use ISO-8601 with a UTC offset, "
-            "e.g. 2026-11-27T18:00:00-06:00 or 2026-11-28T00:00:00Z"
-        ) from None
-    if parsed.tzinfo is None:
-        raise BadInputError(
-            f"bad {option} {value!r}: it has no UTC offset; add one, "
-            "e.g. 2026-11-27T18:00:00-06:00 or …Z"
-        )
-    if not MIN_YEAR <= parsed.year <= MAX_YEAR:
-        raise BadInputError(f"bad {option} {value!r}: the year must be {MIN_YEAR}-{MAX_YEAR}")
-    return parsed
+    return clock.parse_iso(
+        value,
+        option,
+        hint="use ISO-8601 with a UTC offset, e.g. 2026-11-27T18:00:00-06:00 or"
+        " 2026-11-28T00:00:00Z",
+        naive="it has no UTC offset; add one, e.g. 2026-11-27T18:00:00-06:00 or …Z",
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import clock
 from ..errors import BadInputError, OncelyError, UnknownJobError
 from ..explain import explain_slot
 from ..model import Pause, TaskRecord, TaskState
@@ -207,20 +208,7 @@ def parse_time(value: str | None, what: str) -> datetime | None:
     datetime-local input sends none)."""
     if value is None or not value.strip():
         return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise BadInputError(
-            f"bad {what} {value!r}: use ISO 8601, e.g. 2026-11-30T08:00:00Z"
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    if not 1970 <= parsed.year <= 9000:
-        raise BadInputError(f"bad {what} {value!r}: the year must be 1970-9000")
-    return parsed
+    return clock.parse_iso(value, what, hint="use ISO 8601, e.g. 2026-11-30T08:00:00Z")
 
 
 def task_filter(params: Any) -> TaskFilter:
