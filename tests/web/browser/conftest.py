@@ -176,11 +176,8 @@ def _site(db_url: str, tmp_path: Path) -> Site:
     return site
 
 
-@pytest.fixture
-def site(db_url: str, tmp_path: Path) -> Iterator[Site]:
-    """The dashboard test app migrated on an empty database (once SQLite, once Postgres),
-    served by `oncely web` with actions allowed behind a token."""
-    s = _site(db_url, tmp_path)
+def _served(url: str, tmp_path: Path) -> Iterator[Site]:
+    s = _site(url, tmp_path)
     try:
         s.start_server("--allow-actions", "--token", TOKEN)
         yield s
@@ -188,20 +185,20 @@ def site(db_url: str, tmp_path: Path) -> Iterator[Site]:
         (tmp_path / "release").touch()
         s.stop()
         s.engine.dispose()
+
+
+@pytest.fixture
+def site(db_url: str, tmp_path: Path) -> Iterator[Site]:
+    """The dashboard test app migrated on an empty database (once SQLite, once Postgres),
+    served by `oncely web` with actions allowed behind a token."""
+    yield from _served(db_url, tmp_path)
 
 
 @pytest.fixture
 def pg_site(postgres_database: str, tmp_path: Path) -> Iterator[Site]:
     """The same on Postgres alone (cancelling a running slot needs its row locks)."""
     _reset_postgres(postgres_database)
-    s = _site(postgres_database, tmp_path)
-    try:
-        s.start_server("--allow-actions", "--token", TOKEN)
-        yield s
-    finally:
-        (tmp_path / "release").touch()
-        s.stop()
-        s.engine.dispose()
+    yield from _served(postgres_database, tmp_path)
 
 
 @pytest.fixture
