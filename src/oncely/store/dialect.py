@@ -386,6 +386,11 @@ class Dialect(abc.ABC):
     """Whether two transactions may lease at once (Postgres), so that one may miss the
     other's lease committed while it ran: a lease of limited tasks then counts again."""
 
+    def among(self, column: Any, ids: sa.Select[Any]) -> Any:
+        """`column IN (ids)` for a lease's last step: the rows of the ids a lease chose,
+        each found by its key."""
+        return column.in_(ids)
+
     def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
         """Inside a lease: true if this transaction holds (or now took, without waiting) the
         lock of one limit group (`kind` "c" or "r", the task, the group's key). Without

@@ -525,7 +525,12 @@ class TaskStore:
                 else sa.bindparam("p_until", type_=tables.tasks.c.lease_expires_at.type)
             )
             stmt = self._fetch[key] = tasks_sql.fetch(
-                queues, self.dialect.now_sql(), until, key[2], self.dialect.limit_lock
+                queues,
+                self.dialect.now_sql(),
+                until,
+                key[2],
+                self.dialect.limit_lock,
+                self.dialect.among,
             )
         return stmt
 

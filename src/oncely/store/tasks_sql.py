@@ -100,6 +100,8 @@ def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
 
 
 LimitLock = Callable[[str, Any, Any], Any]
+Among = Callable[[Any, sa.Select[Any]], Any]
+"""`column IN (select)`, as the dialect writes it best (see Dialect.among)."""
 """(kind, task, key) -> an SQL expression that tries, without waiting, to take the limit
 group's transaction lock ("c": a concurrency group, "r": a rate group) and is true if it got
 it; the dialect's (`Dialect.limit_lock`)."""
@@ -288,6 +290,7 @@ def fetch(
     until: Any,
     names: Sequence[str] | None = None,
     lock: LimitLock | None = None,
+    among: Among | None = None,
 ) -> Any:
     """Lease up to :p_limit due tasks (skipping rows other workers hold) for :p_token and
     :p_by, highest priority first, then oldest: one attempt each. Built once per worker;
@@ -305,6 +308,7 @@ def fetch(
     the rows it yields.
     """
     lock = lock or (lambda _kind, _task, _key: sa.true())
+    among = among or (lambda column, ids: column.in_(ids))
     limit = sa.bindparam("p_limit", type_=sa.Integer())
     free = _due(now, UNLIMITED, limit, queues, names, lock=True).cte("free")
     scan = sa.bindparam("p_scan", type_=sa.Integer())
@@ -325,7 +329,7 @@ def fetch(
     # another leaser holds, and checked again (a row leased since is no longer available).
     chosen = (
         sa.select(tasks.c.id)
-        .where(tasks.c.id.in_(_locked(picked, lock)), tasks.c.state == AVAILABLE)
+        .where(among(tasks.c.id, _locked(picked, lock)), tasks.c.state == AVAILABLE)
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
