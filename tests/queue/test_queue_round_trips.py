@@ -11,6 +11,7 @@ statements (and one for LISTEN), however many tasks run at once.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -110,3 +111,63 @@ async def test_a_worker_holds_at_most_its_pool_whatever_its_concurrency(
     await drain(app, done, concurrency=100, pool_size=3, timeout=60)
     assert len(started) == 100
     assert 1 <= peak <= 3 + 2
+
+
+@pytest.mark.postgres
+async def test_a_worker_whose_tasks_make_no_statement_holds_two_connections_while_they_run(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks that only wait (an HTTP call) take no connection; the worker's own reads while
+    they run (its look for operators' cancels among them) go on its control connection, not
+    a third one of the app's engine: its control and LISTEN connections, nothing else."""
+    import asyncpg
+
+    from oncely.work import tasks as work_tasks
+
+    app = pg_app
+    monkeypatch.setattr(work_tasks, "CANCEL_CHECK_S", 0.02)
+    looks = 0
+    looked_twice = asyncio.Event()
+    real = app.store.control.cancel_requested
+
+    async def counted(ids: Any, engine: Any = None) -> set[int]:
+        nonlocal looks
+        asked = await real(ids, engine)
+        looks += 1
+        if looks >= 2:
+            looked_twice.set()
+        return asked
+
+    monkeypatch.setattr(app.store.control, "cancel_requested", counted)
+    release = asyncio.Event()
+
+    @app.task
+    async def wait_for_release(db, n: int):  # type: ignore[no-untyped-def]
+        await release.wait()
+
+    await in_tx(app, lambda db: wait_for_release.enqueue_many(db, [{"n": n} for n in range(5)]))
+    await app.store.ensure_schema()
+    await app.store.engine.dispose()  # from here on, only the worker's connections
+    probe = await asyncpg.connect(
+        app.store.engine.url.set(drivername="postgresql").render_as_string(False)
+    )
+    held: list[int] = []
+
+    async def done() -> bool:
+        if looked_twice.is_set() and not held:
+            held.append(
+                await probe.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            release.set()
+        counts = await probe.fetch("SELECT state, count(*) FROM oncely_tasks GROUP BY state")
+        return dict(counts) == {"succeeded": 5}
+
+    try:
+        await drain(app, done, concurrency=5, pool_size=3, timeout=60)
+    finally:
+        await probe.close()
+    assert looks >= 2
+    assert held == [2]  # control and LISTEN

@@ -540,12 +540,20 @@ class Control:
         await self._task_refused(action, task_id, "cancelled", "available or running")
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def cancel_requested(self, ids: Sequence[int]) -> set[int]:
-        """Which of these (running) tasks an operator asked to cancel: for a worker's
-        heartbeat. Empty on a database without the control plane's tables."""
+    async def cancel_requested(
+        self, ids: Sequence[int], engine: AsyncEngine | None = None
+    ) -> set[int]:
+        """Which of these (running) tasks an operator asked to cancel: for a worker's cancel
+        watch, on its own control connection (`engine`; else the store's). Empty on a
+        database without the control plane's tables."""
         if not ids or not self.store.has_control:
             return set()
-        return {int(r[0]) for r in await self.store._read(sql.task_cancel_requests(list(ids)))}
+        stmt = sql.task_cancel_requests(list(ids))
+        if engine is None:
+            return {int(r[0]) for r in await self.store._read(stmt)}
+        with self.store.translate():
+            async with engine.connect() as conn:
+                return {int(r[0]) for r in await conn.execute(stmt)}
 
     async def task_cancel_request(self, task_id: int) -> tuple[datetime, str] | None:
         """When and by whom a task's cancel was asked for, if it was."""

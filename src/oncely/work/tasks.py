@@ -630,7 +630,7 @@ class TaskWorker:
             if not running:
                 continue
             try:
-                asked = await self.store.control.cancel_requested(running)
+                asked = await self.store.control.cancel_requested(running, self.control)
             except OncelyError as exc:
                 logger.debug("reading cancel requests failed: %s", exc)
                 continue
