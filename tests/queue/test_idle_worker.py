@@ -144,3 +144,56 @@ async def test_tasks_enqueued_while_listen_was_down_are_found_when_it_is_back(
         await until(done, "the task enqueued meanwhile to run", timeout=60)
         assert lanes_worker.listening  # LISTEN is back
     assert missed
+
+
+async def test_idle_workers_answer_a_notification_in_turns_one_leases_first(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three idle workers hear one notification: the one whose turn the notification's key
+    (the enqueueing transaction's id) gives leases at once and runs the task; the other two
+    look only at their turns after it (TURN_S apart), and find nothing left."""
+    app = pg_app
+    monkeypatch.setattr(lanes, "ANNOUNCE_EVERY", 0.2)  # each knows the three soon
+    monkeypatch.setattr(lanes, "TURN_S", 1.5)  # turns far apart: the order shows
+    ran: list[int] = []
+
+    @app.task
+    async def probe(db, n: int):  # type: ignore[no-untyped-def]
+        ran.append(n)
+
+    workers = [worker(app, concurrency=2, pool_size=2) for _ in range(3)]
+    stopping = asyncio.Event()
+    consuming = [asyncio.create_task(w.consume(stopping)) for w in workers]
+    fetches: dict[int, int] = {i: 0 for i in range(3)}
+    try:
+        await until(
+            lambda: all(w.listening and w._turn[1] == 3 for w in workers),
+            "the three workers to listen and know each other",
+        )
+        assert sorted(w._turn[0] for w in workers) == [0, 1, 2]
+        for i, w in enumerate(workers):
+            real = w._fetch
+
+            async def counted(want: int, stop: asyncio.Event, i: int = i, real: Any = real) -> Any:
+                fetches[i] += 1
+                return await real(want, stop)
+
+            w._fetch = counted  # type: ignore[method-assign]
+
+        async def enqueue(db: Any) -> str:
+            await probe.enqueue(db, n=1)
+            return str((await db.execute(sa.text("SELECT txid_current()"))).scalar_one())
+
+        key = await in_tx(app, enqueue)
+        waits = [w._turn_wait(key) for w in workers]
+        first = waits.index(0.0)
+        assert sorted(waits) == [0.0, 1.5, 3.0]
+        await until(lambda: ran == [1], "the task to run")
+        assert fetches[first] >= 1
+        others = [i for i in range(3) if i != first]
+        assert [fetches[i] for i in others] == [0, 0]  # their turns have not come
+        await until(lambda: all(fetches[i] >= 1 for i in others), "the others' turns", 15)
+        assert ran == [1]
+    finally:
+        stopping.set()
+        await asyncio.wait_for(asyncio.gather(*consuming), 30)

@@ -191,6 +191,10 @@ class Dialect(abc.ABC):
         """Statements that follow the creation of oncely_tasks (Postgres: its NOTIFY trigger)."""
         return ()
 
+    def wake_ddl(self) -> Sequence[str]:
+        """Schema 12's statements: the NOTIFY trigger names the enqueueing transaction."""
+        return ()
+
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         """An engine on which oncely runs an attempt's transaction on the driver itself, or
         None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
@@ -320,12 +324,14 @@ class Dialect(abc.ABC):
     def listener(
         self,
         engine: AsyncEngine,
-        on_notify: Callable[[], None],
+        on_notify: Callable[[str], None],
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Call `on_notify()` whenever tasks are enqueued, while the context is open, and
-        `on_lost()` if the listening connection goes away meanwhile.
+        """Call `on_notify(key)` whenever tasks are enqueued, while the context is open, and
+        `on_lost()` if the listening connection goes away meanwhile. `key` is the same for
+        every listener of one notification, and varies from one to the next: what idle
+        workers take turns by.
 
         Yields whether notifications work (one sent from another connection, of `prober`,
         default `engine`, arrived); without them workers rely on polling alone.

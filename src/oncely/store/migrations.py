@@ -136,6 +136,14 @@ def _v11_task_errors(conn: Connection) -> None:
     task_errors.create(conn, checkfirst=True)
 
 
+def _v12_wake(conn: Connection) -> None:
+    # The NOTIFY trigger's function only (Postgres): its notification names the enqueueing
+    # transaction. An older oncely ignores the payload; this one runs on v11 without it (the
+    # workers then take turns by the sender's process id).
+    for statement in dialect_for(conn.dialect.name).wake_ddl():
+        conn.exec_driver_sql(statement)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -150,6 +158,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (9, "oncely_tasks: the trace context of the code that enqueued each task", _v9_trace_context),
     (10, "indexes: available tasks by run_at, claims by (job, slot)", _v10_indexes),
     (11, "oncely_task_errors: every failed task attempt's error", _v11_task_errors),
+    (12, "the NOTIFY trigger names the enqueueing transaction (workers take turns)", _v12_wake),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 

@@ -471,7 +471,7 @@ class PostgresDialect(Dialect):
     def listener(
         self,
         engine: AsyncEngine,
-        on_notify: Callable[[], None],
+        on_notify: Callable[[str], None],
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
@@ -496,6 +496,9 @@ class PostgresDialect(Dialect):
 
     def tasks_ddl(self) -> Sequence[str]:
         return TASKS_NOTIFY_DDL
+
+    def wake_ddl(self) -> Sequence[str]:
+        return TASKS_NOTIFY_TXID_DDL
 
     def foreign_driver(self, dbapi_connection: object) -> str:
         module = type(dbapi_connection).__module__
@@ -595,7 +598,8 @@ TASKS_CHANNEL = "oncely_tasks"
 """The LISTEN/NOTIFY channel that wakes idle workers when tasks are enqueued."""
 
 TASKS_NOTIFY = sa.text(f"SELECT pg_notify('{TASKS_CHANNEL}', '')")
-"""What the INSERT trigger sends, sent by hand (tasks handed back, retried by an operator)."""
+"""A notification of tasks available, sent by hand (tasks handed back, retried by an
+operator): no payload, so the idle workers take turns by the sender's process id."""
 
 # One notification per INSERT statement, sent by the enqueueing transaction itself: it is
 # delivered iff that transaction commits, whichever client enqueued (oncely, psql, a trigger).
@@ -612,6 +616,21 @@ TASKS_NOTIFY_DDL = (
     """
     CREATE TRIGGER oncely_tasks_notify AFTER INSERT ON oncely_tasks
     FOR EACH STATEMENT EXECUTE FUNCTION oncely_tasks_notify()
+    """,
+)
+
+
+# Schema 12: the trigger's notification names the enqueueing transaction (its id, the same
+# for every INSERT of it, so one transaction still sends one notification): what the idle
+# workers take turns by (see TaskWorker.notify).
+TASKS_NOTIFY_TXID_DDL = (
+    f"""
+    CREATE OR REPLACE FUNCTION oncely_tasks_notify() RETURNS trigger AS $$
+    BEGIN
+        PERFORM pg_notify('{TASKS_CHANNEL}', txid_current()::text);
+        RETURN NULL;
+    END;
+    $$ LANGUAGE plpgsql
     """,
 )
 
@@ -726,18 +745,18 @@ async def _probed(engine: AsyncEngine, channel: str, callback: Callable[..., Non
 
 def _listen(
     engine: AsyncEngine,
-    on_notify: Callable[[], None],
+    on_notify: Callable[[str], None],
     on_lost: Callable[[], None] | None,
     prober: AsyncEngine | None = None,
 ) -> contextlib.AbstractAsyncContextManager[bool]:
     """LISTEN for new tasks, checked with a probe (sent from a connection of `prober`);
     yield False (poll only) if that is not possible."""
 
-    def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
+    def callback(_conn: Any, pid: Any, _channel: Any, payload: Any) -> None:
         if isinstance(payload, str) and payload.startswith(_PROBE):
             _Probe.seen(payload)  # a listener's check, ours or another worker's
-        else:
-            on_notify()
+        else:  # the enqueueing transaction's id (schema 12), else the sender's process
+            on_notify(payload if isinstance(payload, str) and payload else f"pid {pid}")
 
     return _listen_on(
         engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost, prober=prober

@@ -506,17 +506,17 @@ class Store:
 
     def listen(
         self,
-        on_notify: Callable[[], None],
+        on_notify: Callable[[str], None],
         *,
         engine: AsyncEngine | None = None,
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Call `on_notify()` whenever tasks are enqueued, while the context is open (on a
-        connection of `engine`, default the store's), and `on_lost()` if that connection
-        goes away; yields whether notifications work (a probe, sent on a connection of
-        `prober`, default `engine`, came back: without them a worker relies on polling
-        alone)."""
+        """Call `on_notify(key)` (see Dialect.listener) whenever tasks are enqueued, while
+        the context is open (on a connection of `engine`, default the store's), and
+        `on_lost()` if that connection goes away; yields whether notifications work (a
+        probe, sent on a connection of `prober`, default `engine`, came back: without them
+        a worker relies on polling alone)."""
         return self.dialect.listener(engine or self.engine, on_notify, on_lost, prober)
 
     async def enqueue(

@@ -795,6 +795,21 @@ class TaskStore:
         )
         await self._quietly(engine, stmt)
 
+    async def turn(self, worker_id: str, within: float, engine: AsyncEngine) -> tuple[int, int]:
+        """(this worker's place among the workers seen in the last `within` seconds, how
+        many they are), by id; (0, 1) if it is not among them (not announced yet, or a
+        database without the table)."""
+        try:
+            with self.store.translate():
+                async with engine.connect() as conn:
+                    stmt = tasks_sql.live_worker_ids(self.dialect.after(-within))
+                    ids = list((await conn.execute(stmt)).scalars())
+        except OncelyError as exc:
+            if not self.dialect.is_missing_table(exc.__cause__ or exc):
+                raise
+            return 0, 1
+        return (ids.index(worker_id), len(ids)) if worker_id in ids else (0, 1)
+
     async def retire(self, worker_id: str, engine: AsyncEngine) -> None:
         """A worker stops: its row goes."""
         await self._quietly(engine, tasks_sql.worker_gone(worker_id))

@@ -787,6 +787,11 @@ def live_workers(since: Any) -> sa.Select[Any]:
     return sa.select(workers.c.names).where(workers.c.seen_at >= since)
 
 
+def live_worker_ids(since: Any) -> sa.Select[Any]:
+    """The ids of the workers seen since `since`, in order."""
+    return sa.select(workers.c.id).where(workers.c.seen_at >= since).order_by(workers.c.id)
+
+
 def waiting_by_task() -> sa.Select[Any]:
     """How many tasks of each name are available (waiting for a worker)."""
     return (

@@ -24,6 +24,7 @@ import itertools
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -82,6 +83,8 @@ LISTEN_RETRY_MAX_S = 300.0
 ANNOUNCE_EVERY = 10.0
 """Seconds between a worker's signs of life in `oncely_workers`; one not seen for three of
 them is taken for dead."""
+TURN_S = 0.002
+"""Seconds between two idle workers' turns at one notification (see `TaskWorker.notify`)."""
 
 
 class TaskWorker:
@@ -121,6 +124,9 @@ class TaskWorker:
         self._woken = asyncio.Event()
         self.listening = False
         """Whether notifications wake this worker now (LISTEN up, and its probe came back)."""
+        self._turn = (0, 1)
+        """(this worker's place among the live workers, how many they are): its turn at a
+        notification, read after each sign of life."""
         self._news = 0
         """Counts what may have made a task due sooner: notifications, outcomes written."""
         self._looked: tuple[int, float] | None = None
@@ -141,10 +147,31 @@ class TaskWorker:
         """A lease token for one lease: unique to this worker and this lease."""
         return f"{self._prefix}.{next(self._counter)}"
 
-    def notify(self) -> None:
-        """New tasks may be due: the leaser looks at once (or as soon as it has room)."""
+    def notify(self, key: str | None = None) -> None:
+        """New tasks may be due: the leaser looks at once (or as soon as it has room).
+
+        A notification (its `key`, the same for every worker that hears it) is answered in
+        turns: the live workers, in the order of their ids, take the key's hash as the
+        first to look, the next one looks TURN_S later, and so on. An enqueued task then
+        wakes one lease, not every idle worker's at once competing with the one that gets
+        it; the others look after it (finding what it had no room for, or nothing)."""
+        wait = self._turn_wait(key) if key is not None else 0.0
+        if wait > 0:
+            asyncio.get_running_loop().call_later(wait, self._wake)
+        else:
+            self._wake()
+
+    def _wake(self) -> None:
         self._news += 1
         self._woken.set()
+
+    def _turn_wait(self, key: str) -> float:
+        """Seconds this worker waits before it answers the notification `key`."""
+        place, count = self._turn
+        if count <= 1:
+            return 0.0
+        first = zlib.crc32(key.encode()) % count
+        return ((place - first) % count) * TURN_S
 
     # -- running ------------------------------------------------------------------------
 
@@ -597,6 +624,10 @@ class TaskWorker:
             try:
                 await self.store.tasks.announce(self.id, self.names, self.control, first=first)
                 first = False
+                if self.store.dialect.notifies:
+                    self._turn = await self.store.tasks.turn(
+                        self.id, 3 * ANNOUNCE_EVERY, self.control
+                    )
             except OncelyError as exc:
                 logger.debug("announcing the worker failed: %s", exc)
             await _first(stopping, timeout=ANNOUNCE_EVERY)
