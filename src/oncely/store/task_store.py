@@ -531,6 +531,7 @@ class TaskStore:
                 key[2],
                 self.dialect.limit_lock,
                 self.dialect.among,
+                self.dialect.scan_now(),
             )
         return stmt
 

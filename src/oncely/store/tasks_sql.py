@@ -291,6 +291,7 @@ def fetch(
     names: Sequence[str] | None = None,
     lock: LimitLock | None = None,
     among: Among | None = None,
+    due_by: Any = None,
 ) -> Any:
     """Lease up to :p_limit due tasks (skipping rows other workers hold) for :p_token and
     :p_by, highest priority first, then oldest: one attempt each. Built once per worker;
@@ -309,10 +310,11 @@ def fetch(
     """
     lock = lock or (lambda _kind, _task, _key: sa.true())
     among = among or (lambda column, ids: column.in_(ids))
+    due_by = now if due_by is None else due_by
     limit = sa.bindparam("p_limit", type_=sa.Integer())
-    free = _due(now, UNLIMITED, limit, queues, names, lock=True).cte("free")
+    free = _due(due_by, UNLIMITED, limit, queues, names, lock=True).cte("free")
     scan = sa.bindparam("p_scan", type_=sa.Integer())
-    lim = _due(now, LIMITED, scan, queues, names, lock=False).cte("lim")
+    lim = _due(due_by, LIMITED, scan, queues, names, lock=False).cte("lim")
     admitted = _admitted(now, lim)
     both = sa.union_all(
         sa.select(*(free.c[name] for name in _PICKED)),
