@@ -146,21 +146,18 @@ async def test_tasks_enqueued_while_listen_was_down_are_found_when_it_is_back(
     assert missed
 
 
-async def test_idle_workers_answer_a_notification_in_turns_one_leases_first(
-    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three idle workers hear one notification: the one whose turn the notification's key
-    (the enqueueing transaction's id) gives leases at once and runs the task; the other two
-    look only at their turns after it (TURN_S apart), and find nothing left."""
-    app = pg_app
+Hang = Callable[[TaskWorker], Awaitable[bool]]
+
+
+@asynccontextmanager
+async def three_workers(
+    app: Oncely, monkeypatch: pytest.MonkeyPatch, hang: Hang | None = None
+) -> AsyncIterator[tuple[list[TaskWorker], dict[int, int]]]:
+    """Three idle workers with turns 1.5 s apart (the order shows), each knowing the three,
+    and how many leases each began once they all listened. A lease for which `hang(worker)`
+    is true never returns (a worker that hangs)."""
     monkeypatch.setattr(lanes, "ANNOUNCE_EVERY", 0.2)  # each knows the three soon
-    monkeypatch.setattr(lanes, "TURN_S", 1.5)  # turns far apart: the order shows
-    ran: list[int] = []
-
-    @app.task
-    async def probe(db, n: int):  # type: ignore[no-untyped-def]
-        ran.append(n)
-
+    monkeypatch.setattr(lanes, "TURN_S", 1.5)
     workers = [worker(app, concurrency=2, pool_size=2) for _ in range(3)]
     stopping = asyncio.Event()
     consuming = [asyncio.create_task(w.consume(stopping)) for w in workers]
@@ -174,26 +171,89 @@ async def test_idle_workers_answer_a_notification_in_turns_one_leases_first(
         for i, w in enumerate(workers):
             real = w._fetch
 
-            async def counted(want: int, stop: asyncio.Event, i: int = i, real: Any = real) -> Any:
+            async def counted(
+                want: int, stop: asyncio.Event, i: int = i, w: TaskWorker = w, real: Any = real
+            ) -> Any:
                 fetches[i] += 1
+                if hang is not None and await hang(w):
+                    await stop.wait()  # until the worker stops
+                    return []
                 return await real(want, stop)
 
             w._fetch = counted  # type: ignore[method-assign]
-
-        async def enqueue(db: Any) -> str:
-            await probe.enqueue(db, n=1)
-            return str((await db.execute(sa.text("SELECT txid_current()"))).scalar_one())
-
-        key = await in_tx(app, enqueue)
-        waits = [w._turn_wait(key) for w in workers]
-        first = waits.index(0.0)
-        assert sorted(waits) == [0.0, 1.5, 3.0]
-        await until(lambda: ran == [1], "the task to run")
-        assert fetches[first] >= 1
-        others = [i for i in range(3) if i != first]
-        assert [fetches[i] for i in others] == [0, 0]  # their turns have not come
-        await until(lambda: all(fetches[i] >= 1 for i in others), "the others' turns", 15)
-        assert ran == [1]
+        yield workers, fetches
     finally:
         stopping.set()
         await asyncio.wait_for(asyncio.gather(*consuming), 30)
+
+
+async def enqueued_with_key(app: Oncely, task: Any) -> str:
+    """Enqueue one `task(n=1)`; the key of its notification (its transaction's id)."""
+
+    async def enqueue(db: Any) -> str:
+        await task.enqueue(db, n=1)
+        return str((await db.execute(sa.text("SELECT txid_current()"))).scalar_one())
+
+    key: str = await in_tx(app, enqueue)
+    return key
+
+
+async def test_idle_workers_answer_a_notification_in_turns_the_first_says_it_is_answered(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three idle workers hear one notification: the one whose turn the notification's key
+    gives leases at once and runs the task; its lease took all that was due, so it says the
+    notification is answered, and the other two never lease for it."""
+    app = pg_app
+    ran: list[int] = []
+
+    @app.task
+    async def probe(db, n: int):  # type: ignore[no-untyped-def]
+        ran.append(n)
+
+    async with three_workers(app, monkeypatch) as (workers, fetches):
+        before = dict(fetches)
+        key = await enqueued_with_key(app, probe)
+        waits = [w._turn_wait(key) for w in workers]
+        assert sorted(waits) == [0.0, 1.5, 3.0]
+        first = waits.index(0.0)
+        others = [i for i in range(3) if i != first]
+        await until(lambda: ran == [1], "the task to run")
+        await until(
+            lambda: all(not workers[i]._turns for i in others),
+            "the others to hear that it is answered",
+        )
+        assert fetches[first] > before[first]
+        assert [fetches[i] - before[i] for i in others] == [0, 0]  # their turns: cancelled
+        assert ran == [1]
+
+
+async def test_when_the_first_to_look_hangs_the_next_takes_the_task_at_its_turn(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = pg_app
+    ran: list[int] = []
+
+    @app.task
+    async def probe(db, n: int):  # type: ignore[no-untyped-def]
+        ran.append(n)
+
+    enqueuing = asyncio.Event()
+    known: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def first_hangs(w: TaskWorker) -> bool:
+        if not enqueuing.is_set():
+            return False  # the workers' looks before the task
+        return w._turn_wait(await known) == 0.0
+
+    async with three_workers(app, monkeypatch, first_hangs) as (workers, fetches):
+        enqueuing.set()
+        before = dict(fetches)
+        key = await enqueued_with_key(app, probe)
+        known.set_result(key)
+        waits = [w._turn_wait(key) for w in workers]
+        first, second = waits.index(0.0), waits.index(1.5)
+        await until(lambda: ran == [1], "the task to run", 15)
+        assert fetches[first] - before[first] == 1  # its lease hangs
+        assert fetches[second] > before[second]  # took it at its turn
+        assert ran == [1]

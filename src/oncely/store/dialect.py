@@ -270,6 +270,11 @@ class Dialect(abc.ABC):
         (a cancel request); without notifications it finds the request by polling."""
         return None
 
+    async def notify_taken(self, conn: AsyncConnection, keys: Sequence[str]) -> None:
+        """Tell the idle workers that the notifications `keys` are answered: the worker that
+        looked first leased every task that was due, the others need not look."""
+        return None
+
     async def notify_tasks(self, conn: AsyncConnection) -> None:
         """Wake the idle workers (once `conn`'s transaction commits): tasks became available
         otherwise than by an INSERT (whose trigger wakes them), e.g. handed back or retried."""

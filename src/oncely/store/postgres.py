@@ -539,6 +539,13 @@ class PostgresDialect(Dialect):
             {"channel": CANCEL_CHANNEL, "payload": str(attempt_id)},
         )
 
+    async def notify_taken(self, conn: AsyncConnection, keys: Sequence[str]) -> None:
+        payload = TAKEN + ",".join(keys)
+        await conn.execute(
+            sa.text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": TASKS_CHANNEL, "payload": payload},
+        )
+
     async def notify_tasks(self, conn: AsyncConnection) -> None:
         await conn.execute(TASKS_NOTIFY)
 
@@ -640,6 +647,9 @@ PROBE_TIMEOUT_S = 2.0
 notifications do not reach it (e.g. behind PgBouncer in transaction pooling)."""
 _PROBE = "probe:"
 """The start of a probe notification's payload (a task's notification has an empty one)."""
+TAKEN = "taken:"
+"""The start of the payload that says which notifications are answered (their keys, comma
+separated): see TaskWorker.notify."""
 
 
 @contextlib.asynccontextmanager

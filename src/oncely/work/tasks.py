@@ -85,6 +85,11 @@ ANNOUNCE_EVERY = 10.0
 them is taken for dead."""
 TURN_S = 0.002
 """Seconds between two idle workers' turns at one notification (see `TaskWorker.notify`)."""
+TAKEN = "taken:"
+"""The start of a notification's key that says which notifications are answered."""
+ANSWERS_AT_MOST = 100
+"""Notifications a worker says are answered in one payload, at most (the others then look at
+their turns)."""
 
 
 class TaskWorker:
@@ -124,6 +129,10 @@ class TaskWorker:
         self._woken = asyncio.Event()
         self.listening = False
         """Whether notifications wake this worker now (LISTEN up, and its probe came back)."""
+        self._turns: dict[str, asyncio.TimerHandle] = {}
+        """The notifications this worker waits for its turn at, by key."""
+        self._answering: list[str] = []
+        """The notifications this worker looks at first, not yet said to be answered."""
         self._turn = (0, 1)
         """(this worker's place among the live workers, how many they are): its turn at a
         notification, read after each sign of life."""
@@ -154,16 +163,43 @@ class TaskWorker:
         turns: the live workers, in the order of their ids, take the key's hash as the
         first to look, the next one looks TURN_S later, and so on. An enqueued task then
         wakes one lease, not every idle worker's at once competing with the one that gets
-        it; the others look after it (finding what it had no room for, or nothing)."""
+        it. If that lease comes back short (it took every due task), its worker says so
+        (a notification "taken:KEY") and the others' turns are cancelled; otherwise (it
+        had no room, it failed, it died) they look at their turns and take the rest."""
+        if key is not None and key.startswith(TAKEN):
+            for answered in key[len(TAKEN) :].split(","):
+                turn = self._turns.pop(answered, None)
+                if turn is not None:
+                    turn.cancel()  # the first to look leased all that was due
+            return
         wait = self._turn_wait(key) if key is not None else 0.0
-        if wait > 0:
-            asyncio.get_running_loop().call_later(wait, self._wake)
-        else:
-            self._wake()
+        if key is not None and wait > 0:
+            if key not in self._turns:
+                loop = asyncio.get_running_loop()
+                self._turns[key] = loop.call_later(wait, self._turn_come, key)
+            return
+        if key is not None and len(self._answering) < ANSWERS_AT_MOST:
+            self._answering.append(key)  # ours to say "taken" of, after our next lease
+        self._wake()
+
+    def _turn_come(self, key: str) -> None:
+        self._turns.pop(key, None)
+        if len(self._answering) < ANSWERS_AT_MOST:
+            self._answering.append(key)  # the first had no room, or failed: ours now
+        self._wake()
 
     def _wake(self) -> None:
         self._news += 1
         self._woken.set()
+
+    async def _say_taken(self, keys: list[str]) -> None:
+        """After a lease that came back short: the notifications `keys`, which this worker
+        looked at first, are answered (every due task is leased)."""
+        try:
+            async with self.control.connect() as conn:
+                await self.store.dialect.notify_taken(conn, keys)
+        except OncelyError as exc:  # the others look at their turns instead
+            logger.debug("saying the notifications were answered failed: %s", exc)
 
     def _turn_wait(self, key: str) -> float:
         """Seconds this worker waits before it answers the notification `key`."""
@@ -252,7 +288,10 @@ class TaskWorker:
                 continue
             want = min(room, options.batch)
             self._woken.clear()
+            answering, self._answering = self._answering, []
             leased = await self._fetch(want, stopping)
+            if answering and len(leased) < want and self._crash is None:
+                await self._say_taken(answering)  # a lease begun after those notifications
             for item in leased:
                 self.held[item.id] = item
                 self._ready.append(item)
