@@ -45,9 +45,10 @@ def _visited(node: dict[str, Any]) -> int:
     return int(own) + sum(_visited(child) for child in node.get("Plans", []))
 
 
-async def explained_lease(app: Oncely, runner: TaskWorker, limit: int) -> tuple[int, int]:
+async def explained_lease(app: Oncely, runner: TaskWorker, limit: int) -> tuple[int, int, int]:
     """Lease up to `limit` tasks as a worker does, then the next lease once more under
-    EXPLAIN ANALYZE, undone: (how many the first took, the rows the second's plan touched)."""
+    EXPLAIN ANALYZE, undone: (how many the first took, how many the second took, the rows
+    the second's plan read)."""
     sent: list[tuple[str, Any]] = []
 
     def record(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
@@ -69,31 +70,36 @@ async def explained_lease(app: Oncely, runner: TaskWorker, limit: int) -> tuple[
         (doc,) = plan.scalars().all()
         await tx.rollback()
     root = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
-    return len(leased), _visited(root)
+    return len(leased), int(root["Actual Rows"]), _visited(root)
+
+
+async def analyzed_then_enqueued(app: Oncely, due: int, backlog: int = 0) -> TaskWorker:
+    """`backlog` tasks of other names due in 30 days, the table ANALYZEd (what autovacuum
+    would know), then `due` tasks of this app's one task enqueued; a worker of this app."""
+
+    @app.task
+    async def send(db, n: int):  # type: ignore[no-untyped-def]
+        return None
+
+    async with app.store.engine.begin() as conn:
+        if backlog:
+            await conn.execute(sa.text(BACKLOG), {"n": backlog})
+        await conn.execute(sa.text("ANALYZE oncely_tasks"))
+    await in_tx(app, lambda db: send.enqueue_many(db, [{"n": i} for i in range(due)]))
+    return worker(app, concurrency=1)
 
 
 @pytest.mark.postgres
 async def test_a_lease_reads_the_due_tasks_not_the_backlog_scheduled_for_later(
     pg_app: Oncely,
 ) -> None:
-    app = pg_app
-
-    @app.task
-    async def send(db, n: int):  # type: ignore[no-untyped-def]
-        return None
-
-    # A backlog of other workers' tasks (names this worker does not run), due in 30 days on.
-    async with app.store.engine.begin() as conn:
-        await conn.execute(sa.text(BACKLOG), {"n": 20_000})
-        await conn.execute(sa.text("ANALYZE oncely_tasks"))  # what autovacuum would know
-    await in_tx(app, lambda db: send.enqueue_many(db, [{"n": i} for i in range(200)]))
-    runner = worker(app, concurrency=1)
-
-    took, visited = await explained_lease(app, runner, 100)
+    # A backlog of other workers' tasks (names this worker does not run), then 200 due.
+    runner = await analyzed_then_enqueued(pg_app, 200, backlog=20_000)
+    took, _, visited = await explained_lease(pg_app, runner, 100)
     assert took == 100
     assert visited < 40 * 100, visited  # the next 100 due ones, not the 20,000 others
-    took, visited = await explained_lease(app, runner, 100)
-    assert took == 100
+    took, leased_next, visited = await explained_lease(pg_app, runner, 100)
+    assert (took, leased_next) == (100, 0)
     assert visited < 500, visited  # nothing is due any more: the scan ends at once
 
 
@@ -102,42 +108,10 @@ async def test_a_lease_after_a_burst_touches_rows_in_proportion_to_what_it_lease
     pg_app: Oncely,
 ) -> None:
     app = pg_app
-
-    @app.task
-    async def send(db, n: int):  # type: ignore[no-untyped-def]
-        return None
-
-    async with app.store.engine.connect() as conn:
-        await conn.execute(sa.text("ANALYZE oncely_tasks"))  # the statistics of an empty table
-    await in_tx(app, lambda db: send.enqueue_many(db, [{"n": i} for i in range(WAITING)]))
-
-    sent: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
-        if statement.lstrip().startswith("WITH free"):
-            sent.append((statement, params))
-
-    runner = worker(app, concurrency=1)
-    sa.event.listen(app.store.engine.sync_engine, "before_cursor_execute", record)
-    try:
-        async with app.store.engine.connect() as conn:
-            leased = await app.store.tasks.fetch(
-                conn, None, LEASED, runner.token(), "A", 30, runner.names
-            )
-    finally:
-        sa.event.remove(app.store.engine.sync_engine, "before_cursor_execute", record)
-    assert len(leased) == LEASED
-    assert len(sent) == 1
-
-    statement, params = sent[0]
-    # The next lease, as the worker would send it, undone.
-    async with app.store.engine.connect() as conn, conn.begin() as tx:
-        plan = await conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
-        (doc,) = plan.scalars().all()
-        await tx.rollback()
-    root = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
-    assert root["Actual Rows"] == LEASED  # it leased the next 500
-    visited = _visited(root)
+    runner = await analyzed_then_enqueued(app, WAITING)  # the statistics of an empty table
+    took, leased_next, visited = await explained_lease(app, runner, LEASED)
+    assert took == LEASED
+    assert leased_next == LEASED  # the explained lease took the next 500
     # Each leased row is read a handful of times (its scan, the CTEs that carry it, its
     # lookup by key, its update): tens of thousands at most, never WAITING x LEASED.
     assert visited < 40 * LEASED, visited
