@@ -257,3 +257,30 @@ async def test_when_the_first_to_look_hangs_the_next_takes_the_task_at_its_turn(
         assert fetches[first] - before[first] == 1  # its lease hangs
         assert fetches[second] > before[second]  # took it at its turn
         assert ran == [1]
+
+
+async def test_only_a_worker_that_leases_the_same_queues_and_names_cancels_a_turn(
+    pg_app: Oncely,
+) -> None:
+    """A `taken` message names the queues and task names of the worker that says it: a
+    worker of other queues (whose lease did not look where this one's would) leaves this
+    worker's turn standing; one of the same queues and names cancels it."""
+    app = pg_app
+
+    @app.task
+    async def probe(db, n: int):  # type: ignore[no-untyped-def]
+        return None
+
+    mine = worker(app, queues=["mail"])
+    same = worker(app, queues=["mail"])
+    other = worker(app, queues=["reports"])
+    assert mine._scope == same._scope != other._scope
+    mine._turn = (1, 2)
+    key = next(k for k in (str(n) for n in range(100)) if mine._turn_wait(k) > 0)
+    mine.notify(key)
+    assert key in mine._turns  # waits for its turn
+    mine.notify(f"taken:{other._scope}:{key}")
+    assert key in mine._turns  # another scope's word: the turn stands
+    turn = mine._turns[key]
+    mine.notify(f"taken:{same._scope}:{key}")
+    assert key not in mine._turns and turn.cancelled()

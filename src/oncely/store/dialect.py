@@ -270,9 +270,9 @@ class Dialect(abc.ABC):
         (a cancel request); without notifications it finds the request by polling."""
         return None
 
-    async def notify_taken(self, conn: AsyncConnection, keys: Sequence[str]) -> None:
-        """Tell the idle workers that the notifications `keys` are answered: the worker that
-        looked first leased every task that was due, the others need not look."""
+    async def notify_workers(self, conn: AsyncConnection, payload: str) -> None:
+        """Send `payload` to every listening worker, as a notification's key (a worker's
+        word that notifications are answered: see TaskWorker.notify)."""
         return None
 
     async def notify_tasks(self, conn: AsyncConnection) -> None:

@@ -539,8 +539,7 @@ class PostgresDialect(Dialect):
             {"channel": CANCEL_CHANNEL, "payload": str(attempt_id)},
         )
 
-    async def notify_taken(self, conn: AsyncConnection, keys: Sequence[str]) -> None:
-        payload = TAKEN + ",".join(keys)
+    async def notify_workers(self, conn: AsyncConnection, payload: str) -> None:
         await conn.execute(
             sa.text("SELECT pg_notify(:channel, :payload)"),
             {"channel": TASKS_CHANNEL, "payload": payload},
@@ -647,9 +646,6 @@ PROBE_TIMEOUT_S = 2.0
 notifications do not reach it (e.g. behind PgBouncer in transaction pooling)."""
 _PROBE = "probe:"
 """The start of a probe notification's payload (a task's notification has an empty one)."""
-TAKEN = "taken:"
-"""The start of the payload that says which notifications are answered (their keys, comma
-separated): see TaskWorker.notify."""
 
 
 @contextlib.asynccontextmanager

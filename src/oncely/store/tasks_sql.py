@@ -100,11 +100,11 @@ def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
 
 
 LimitLock = Callable[[str, Any, Any], Any]
-Among = Callable[[Any, sa.Select[Any]], Any]
-"""`column IN (select)`, as the dialect writes it best (see Dialect.among)."""
 """(kind, task, key) -> an SQL expression that tries, without waiting, to take the limit
 group's transaction lock ("c": a concurrency group, "r": a rate group) and is true if it got
 it; the dialect's (`Dialect.limit_lock`)."""
+Among = Callable[[Any, sa.Select[Any]], Any]
+"""`column IN (select)`, as the dialect writes it best (see Dialect.among)."""
 
 FETCHED = (
     tasks.c.id,

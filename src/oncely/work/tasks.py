@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -86,7 +87,9 @@ them is taken for dead."""
 TURN_S = 0.002
 """Seconds between two idle workers' turns at one notification (see `TaskWorker.notify`)."""
 TAKEN = "taken:"
-"""The start of a notification's key that says which notifications are answered."""
+"""The start of a notification's key that says which notifications are answered:
+`taken:SCOPE:KEY,KEY,...`, SCOPE naming the queues and task names of the worker that says it
+(a worker of other queues or names may have found nothing where this one would not)."""
 ANSWERS_AT_MOST = 100
 """Notifications a worker says are answered in one payload, at most (the others then look at
 their turns)."""
@@ -133,6 +136,9 @@ class TaskWorker:
         """The notifications this worker waits for its turn at, by key."""
         self._answering: list[str] = []
         """The notifications this worker looks at first, not yet said to be answered."""
+        scope = json.dumps([None if options.queues is None else sorted(options.queues), self.names])
+        self._scope = f"{zlib.crc32(scope.encode()):08x}"
+        """What this worker leases (its queues and task names), as a `taken` message names it."""
         self._turn = (0, 1)
         """(this worker's place among the live workers, how many they are): its turn at a
         notification, read after each sign of life."""
@@ -167,8 +173,11 @@ class TaskWorker:
         (a notification "taken:KEY") and the others' turns are cancelled; otherwise (it
         had no room, it failed, it died) they look at their turns and take the rest."""
         if key is not None and key.startswith(TAKEN):
-            for answered in key[len(TAKEN) :].split(","):
-                turn = self._turns.pop(answered, None)
+            scope, _, answered = key[len(TAKEN) :].partition(":")
+            if scope != self._scope:
+                return  # its lease did not look where this worker's would
+            for one in answered.split(","):
+                turn = self._turns.pop(one, None)
                 if turn is not None:
                     turn.cancel()  # the first to look leased all that was due
             return
@@ -195,9 +204,10 @@ class TaskWorker:
     async def _say_taken(self, keys: list[str]) -> None:
         """After a lease that came back short: the notifications `keys`, which this worker
         looked at first, are answered (every due task is leased)."""
+        payload = f"{TAKEN}{self._scope}:{','.join(keys)}"
         try:
             async with self.control.connect() as conn:
-                await self.store.dialect.notify_taken(conn, keys)
+                await self.store.dialect.notify_workers(conn, payload)
         except OncelyError as exc:  # the others look at their turns instead
             logger.debug("saying the notifications were answered failed: %s", exc)
 
@@ -254,6 +264,9 @@ class TaskWorker:
                 raise self._crash
         finally:
             self._stopping = True
+            for turn in self._turns.values():
+                turn.cancel()
+            self._turns.clear()
             running = list(self._running.values())
             for task in running:
                 task.cancel()
@@ -289,8 +302,9 @@ class TaskWorker:
             want = min(room, options.batch)
             self._woken.clear()
             answering, self._answering = self._answering, []
-            leased = await self._fetch(want, stopping)
-            if answering and len(leased) < want and self._crash is None:
+            fetched = await self._fetch(want, stopping)
+            leased = fetched or []
+            if answering and fetched is not None and len(leased) < want and self._crash is None:
                 await self._say_taken(answering)  # a lease begun after those notifications
             for item in leased:
                 self.held[item.id] = item
@@ -364,7 +378,8 @@ class TaskWorker:
             await _first(closing, timeout=retry)
             retry = min(retry * 2, LISTEN_RETRY_MAX_S)
 
-    async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased]:
+    async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased] | None:
+        """Lease up to `want` due tasks; None if the lease failed (after a pause)."""
         options = self.options
         # A lease of tasks with a concurrency or rate limit is several statements (and
         # transaction-scoped locks of their groups): it needs a transaction of its own.
@@ -390,7 +405,7 @@ class TaskWorker:
                     "worker.error", "leasing failed; retrying", level=logging.ERROR, error=str(exc)
                 )
                 await _first(stopping, timeout=1.0)
-        return []
+        return None
 
     def _dispatch(self) -> None:
         while self._ready and not self._stopping and len(self._running) < self.options.concurrency:
