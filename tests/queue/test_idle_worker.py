@@ -156,7 +156,7 @@ async def three_workers(
     """Three idle workers with turns 1.5 s apart (the order shows), each knowing the three,
     and how many leases each began once they all listened. A lease for which `hang(worker)`
     is true never returns (a worker that hangs)."""
-    monkeypatch.setattr(lanes, "ANNOUNCE_EVERY", 0.2)  # each knows the three soon
+    monkeypatch.setattr(lanes, "ANNOUNCE_EVERY", 0.5)  # each knows the three soon
     monkeypatch.setattr(lanes, "TURN_S", 1.5)
     workers = [worker(app, concurrency=2, pool_size=2) for _ in range(3)]
     stopping = asyncio.Event()
