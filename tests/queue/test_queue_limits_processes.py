@@ -46,6 +46,16 @@ def count(engine: sa.Engine, query: str) -> int:
         return int(conn.execute(sa.text(query)).scalar_one())
 
 
+def a_holder(engine: sa.Engine, procs: list[subprocess.Popen[str]]) -> int:
+    """The index in `procs` of a live worker that holds a task's lease now (its replica id,
+    `host:pid`, in `locked_by`), else of any: a kill that hits a holder shows a takeover."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT locked_by FROM oncely_tasks WHERE state = 'running'"))
+        pids = {by.rpartition(":")[2] for (by,) in rows if by}
+    holding = [i for i, proc in enumerate(procs) if str(proc.pid) in pids and proc.poll() is None]
+    return random.choice(holding) if holding else random.randrange(len(procs))
+
+
 def wait_for(engine: sa.Engine, n: int, procs: list[subprocess.Popen[str]], limit: float) -> None:
     """Poll until `n` intervals are recorded (every worker must stay alive meanwhile)."""
     deadline = time.monotonic() + limit
@@ -137,16 +147,17 @@ def test_a_concurrency_key_of_1_never_overlaps_4_workers_x_10(
 def test_a_concurrency_key_of_1_never_overlaps_with_a_worker_sigkilled_every_second(
     env: dict[str, str], sync_engine: sa.Engine
 ) -> None:
-    """The same with one of the 4 workers SIGKILLed (and replaced) every second for 12 s: a
-    killed holder's attempt rolls back, its key frees when its lease runs out, another worker
-    takes the task; still no overlap, every task once."""
+    """The same with one of the 4 workers SIGKILLed (and replaced) every second for 12 s, a
+    worker that holds a lease when there is one: a killed holder's attempt rolls back, its
+    key frees when its lease runs out, another worker takes the task; still no overlap,
+    every task once."""
     enqueue(sync_engine, keyed, KEYED)
     procs = [start(env, "--lease", "1", "--batch", "1") for _ in range(4)]
     killed = 0
     try:
         for _ in range(12):
             time.sleep(1.0)  # the fault's own pace: a kill each second, not a synchronization
-            victim = random.randrange(len(procs))
+            victim = a_holder(sync_engine, procs[:4])
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait(timeout=30)
             killed += 1
