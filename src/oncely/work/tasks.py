@@ -169,9 +169,10 @@ class TaskWorker:
         turns: the live workers, in the order of their ids, take the key's hash as the
         first to look, the next one looks TURN_S later, and so on. An enqueued task then
         wakes one lease, not every idle worker's at once competing with the one that gets
-        it. If that lease comes back short (it took every due task), its worker says so
-        (a notification "taken:KEY") and the others' turns are cancelled; otherwise (it
-        had no room, it failed, it died) they look at their turns and take the rest."""
+        it. If that lease comes back short (it took every due task), its worker says so (a
+        notification "taken:SCOPE:KEYS") and the turns of the workers of the same queues
+        and task names (SCOPE) are cancelled; otherwise (it had no room, it failed, it
+        died) they look at their turns and take the rest."""
         if key is not None and key.startswith(TAKEN):
             scope, _, answered = key[len(TAKEN) :].partition(":")
             if scope != self._scope:
@@ -304,12 +305,12 @@ class TaskWorker:
             answering, self._answering = self._answering, []
             fetched = await self._fetch(want, stopping)
             leased = fetched or []
-            if answering and fetched is not None and len(leased) < want and self._crash is None:
-                await self._say_taken(answering)  # a lease begun after those notifications
             for item in leased:
                 self.held[item.id] = item
                 self._ready.append(item)
-            self._dispatch()
+            self._dispatch()  # the tasks start before the word goes out
+            if answering and fetched is not None and len(leased) < want and self._crash is None:
+                await self._say_taken(answering)  # a lease begun after those notifications
             if len(leased) < want:
                 # Short: nothing more is due, or the rest waits for a limit's room, which a
                 # task of this worker that ends may free: look again then, or when notified,
