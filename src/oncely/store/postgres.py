@@ -645,7 +645,8 @@ PROBE_TIMEOUT_S = 2.0
 """How long a new listener waits for its own probe notification before it concludes that
 notifications do not reach it (e.g. behind PgBouncer in transaction pooling)."""
 _PROBE = "probe:"
-"""The start of a probe notification's payload (a task's notification has an empty one)."""
+"""The start of a probe notification's payload (a task's notification carries the id of the
+transaction that enqueued it, or nothing when sent by hand)."""
 
 
 @contextlib.asynccontextmanager
