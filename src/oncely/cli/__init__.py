@@ -33,8 +33,6 @@ from .loading import load_app
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 LEVELS = ("debug", "info", "warning", "error")
-"""The years a time on the command line may name (slot arithmetic stays far from datetime's
-year 1 and 9999)."""
 T = TypeVar("T")
 
 
