@@ -284,3 +284,44 @@ async def test_only_a_worker_that_leases_the_same_queues_and_names_cancels_a_tur
     turn = mine._turns[key]
     mine.notify(f"taken:{same._scope}:{key}")
     assert key not in mine._turns and turn.cancelled()
+
+
+async def test_a_worker_that_starts_or_stops_is_in_the_others_turns_at_once(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turns agree as soon as a worker starts or stops, not at the next sign of life (an
+    hour here): a worker that starts says so, and so does one that stops, and every worker
+    reads its place again."""
+    monkeypatch.setattr(lanes, "ANNOUNCE_EVERY", 3600.0)
+    app = pg_app
+    async with running(app) as alone:
+        await until(lambda: alone._turn == (0, 1), "the first worker to know it is alone")
+        async with running(app) as second:
+            await until(
+                lambda: alone._turn[1] == 2 and second._turn[1] == 2,
+                "both workers to know of each other",
+                timeout=10,
+            )
+            assert sorted([alone._turn[0], second._turn[0]]) == [0, 1]
+        await until(lambda: alone._turn == (0, 1), "the first to know the second stopped", 10)
+
+
+async def test_a_worker_alone_says_no_notification_is_answered(
+    pg_app: Oncely, statements: Statements
+) -> None:
+    """No other worker waits for a turn: a lone worker answers a notification without a
+    word to anyone (one statement less per task enqueued)."""
+    ran: list[int] = []
+
+    @pg_app.task
+    async def probe(db, n: int):  # type: ignore[no-untyped-def]
+        ran.append(n)
+
+    async with running(pg_app) as alone:
+        await until(lambda: alone._turn == (0, 1), "the worker to know it is alone")
+        statements.counting = True
+        await enqueued_with_key(pg_app, probe)
+        await until(lambda: ran == [1], "the task to run")
+        statements.counting = False
+    assert any("oncely_tasks" in s and "WITH" in s for s in statements.sent), statements.sent
+    assert not [s for s in statements.sent if "pg_notify" in s], statements.sent

@@ -84,12 +84,18 @@ LISTEN_RETRY_MAX_S = 300.0
 ANNOUNCE_EVERY = 10.0
 """Seconds between a worker's signs of life in `oncely_workers`; one not seen for three of
 them is taken for dead."""
-TURN_S = 0.002
-"""Seconds between two idle workers' turns at one notification (see `TaskWorker.notify`)."""
+TURN_S = 0.02
+"""Seconds between two idle workers' turns at one notification (see `TaskWorker.notify`): longer
+than the first one's lease and its word that it is answered take to reach the others (a few
+milliseconds, more while twenty processes wake at once on two cores), so that the next one
+looks only if the first did not take the task (no room, a failed lease, a dead worker)."""
 TAKEN = "taken:"
 """The start of a notification's key that says which notifications are answered:
 `taken:SCOPE:KEY,KEY,...`, SCOPE naming the queues and task names of the worker that says it
 (a worker of other queues or names may have found nothing where this one would not)."""
+ROLL_CALL = "workers"
+"""A notification's key that says a worker started or stopped: every worker reads its place
+among the live workers again at once (not at its next sign of life), so that the turns agree."""
 ANSWERS_AT_MOST = 100
 """Notifications a worker says are answered in one payload, at most (the others then look at
 their turns)."""
@@ -142,6 +148,8 @@ class TaskWorker:
         self._turn = (0, 1)
         """(this worker's place among the live workers, how many they are): its turn at a
         notification, read after each sign of life."""
+        self._roll_call = asyncio.Event()
+        """Set when a worker started or stopped: `_announce` reads this one's place again."""
         self._news = 0
         """Counts what may have made a task due sooner: notifications, outcomes written."""
         self._looked: tuple[int, float] | None = None
@@ -173,6 +181,9 @@ class TaskWorker:
         notification "taken:SCOPE:KEYS") and the turns of the workers of the same queues
         and task names (SCOPE) are cancelled; otherwise (it had no room, it failed, it
         died) they look at their turns and take the rest."""
+        if key == ROLL_CALL:
+            self._roll_call.set()  # a worker came or went: read this one's place again
+            return
         if key is not None and key.startswith(TAKEN):
             scope, _, answered = key[len(TAKEN) :].partition(":")
             if scope != self._scope:
@@ -188,9 +199,9 @@ class TaskWorker:
                 loop = asyncio.get_running_loop()
                 self._turns[key] = loop.call_later(wait, self._turn_come, key)
             return
-        if key is not None and len(self._answering) < ANSWERS_AT_MOST:
+        if key is not None and self._turn[1] > 1 and len(self._answering) < ANSWERS_AT_MOST:
             self._answering.append(key)  # ours to say "taken" of, after our next lease
-        self._wake()
+        self._wake()  # (a worker alone has no one to say it to)
 
     def _turn_come(self, key: str) -> None:
         self._turns.pop(key, None)
@@ -205,12 +216,16 @@ class TaskWorker:
     async def _say_taken(self, keys: list[str]) -> None:
         """After a lease that came back short: the notifications `keys`, which this worker
         looked at first, are answered (every due task is leased)."""
-        payload = f"{TAKEN}{self._scope}:{','.join(keys)}"
         try:
-            async with self.control.connect() as conn:
-                await self.store.dialect.notify_workers(conn, payload)
+            await self._say(f"{TAKEN}{self._scope}:{','.join(keys)}")
         except OncelyError as exc:  # the others look at their turns instead
             logger.debug("saying the notifications were answered failed: %s", exc)
+
+    async def _say(self, payload: str) -> None:
+        """Send `payload` to every listening worker (on Postgres; elsewhere nothing)."""
+        with self.store.translate():
+            async with self.control.connect() as conn:
+                await self.store.dialect.notify_workers(conn, payload)
 
     def _turn_wait(self, key: str) -> float:
         """Seconds this worker waits before it answers the notification `key`."""
@@ -288,6 +303,8 @@ class TaskWorker:
         await self._give_back()
         with contextlib.suppress(Exception):
             await self.store.tasks.retire(self.id, self.control)
+            if self.store.dialect.notifies:
+                await self._say(ROLL_CALL)  # the others' turns close the gap at once
 
     async def _lease(self, stopping: asyncio.Event) -> None:
         """Keep up to `concurrency` tasks running and `prefetch` more leased, until stopping."""
@@ -673,19 +690,30 @@ class TaskWorker:
 
     async def _announce(self, stopping: asyncio.Event) -> None:
         """Say every ANNOUNCE_EVERY seconds that this worker lives and which task names it
-        leases (what `oncely tasks` reads to name the tasks no live worker can run)."""
+        leases (what `oncely tasks` reads to name the tasks no live worker can run); where
+        notifications wake workers, read its place among them after each sign of life, and
+        at once whenever a worker says it started or stopped (its own first sign of life
+        says so)."""
         first = True
+        due = time.monotonic()
+        notifies = self.store.dialect.notifies
         while not stopping.is_set():
             try:
-                await self.store.tasks.announce(self.id, self.names, self.control, first=first)
-                first = False
-                if self.store.dialect.notifies:
+                if time.monotonic() >= due:
+                    due = time.monotonic() + ANNOUNCE_EVERY
+                    await self.store.tasks.announce(self.id, self.names, self.control, first=first)
+                    if first and notifies:
+                        await self._say(ROLL_CALL)
+                    first = False
+                if notifies:
+                    self._roll_call.clear()
                     self._turn = await self.store.tasks.turn(
                         self.id, 3 * ANNOUNCE_EVERY, self.control
                     )
             except OncelyError as exc:
                 logger.debug("announcing the worker failed: %s", exc)
-            await _first(stopping, timeout=ANNOUNCE_EVERY)
+            wait = max(0.0, due - time.monotonic())
+            await _first(stopping, self._roll_call, timeout=wait)
 
     async def keep_leases(self, stopping: asyncio.Event) -> None:
         """Renew the lease of every task this worker holds, every `lease / 3`, until
