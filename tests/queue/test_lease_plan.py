@@ -35,6 +35,11 @@ BACKLOG = """
            now() + make_interval(days => 30, secs => i), now()
     FROM generate_series(1, :n) AS i
 """
+FINISHED = """
+    INSERT INTO oncely_tasks (task, queue, args, state, attempt, run_at, created_at, finished_at)
+    SELECT 'send', 'default', '{}', 'succeeded', 1, now(), now(), now()
+    FROM generate_series(1, :n) AS i
+"""
 
 
 def _visited(node: dict[str, Any]) -> int:
@@ -115,3 +120,35 @@ async def test_a_lease_after_a_burst_touches_rows_in_proportion_to_what_it_lease
     # Each leased row is read a handful of times (its scan, the CTEs that carry it, its
     # lookup by key, its update): tens of thousands at most, never WAITING x LEASED.
     assert visited < 40 * LEASED, visited
+
+
+@pytest.mark.postgres
+async def test_a_worker_plans_its_lease_once_per_connection_not_at_every_call(
+    pg_app: Oncely,
+) -> None:
+    """Postgres plans a prepared statement's first five runs with their values, then keeps
+    one generic plan if it costs no more. The lease's states are written in its text: sent
+    as parameters they kept the partial indexes out of the generic plan, and every lease was
+    planned again (2 ms, five times its run on a small table)."""
+    if pg_app.store.engine.dialect.driver != "asyncpg":
+        pytest.skip("prepared statements are asyncpg's")
+    # A table as a worker meets it: finished tasks, and some scheduled for later.
+    async with pg_app.store.engine.begin() as conn:
+        await conn.execute(sa.text(FINISHED), {"n": 2_000})
+    runner = await analyzed_then_enqueued(pg_app, 0, backlog=500)
+    control = pg_app.store.dialect.autocommit(pg_app.store.engine)
+    async with control.connect() as conn:
+        for _ in range(8):
+            leased = await pg_app.store.tasks.fetch(
+                conn, None, 10, runner.token(), "A", 30, runner.names
+            )
+            assert leased == []
+        plans = (
+            await conn.exec_driver_sql(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH free%'"
+            )
+        ).all()
+    assert len(plans) == 1, plans
+    generic, custom = plans[0]
+    assert custom == 5 and generic == 3, plans
