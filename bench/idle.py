@@ -14,6 +14,10 @@ pg_stat_statements loaded; dropped at the end), so that nothing else's statement
    idle again in between; each probe records time.time() when its attempt starts, and the
    latency is that minus the enqueuer's time.time() right after its COMMIT returned (the
    same machine's clock). p50 / p99 / max, and the statements sent per probe.
+3. The floor, once the workers stopped: as many processes that only LISTEN (raw asyncpg),
+   the same probes each a transaction whose pg_notify names one of them, and the latency
+   from its COMMIT returned to that one's callback: what waking a worker by a notification
+   costs on this machine before the worker does anything.
 
     python bench/idle.py                              # 20 workers, a 60 s window, 200 probes
     python bench/idle.py --workers 2 --window 3 --probes 10      # the smoke run's size
@@ -370,6 +374,90 @@ def wake_up(
     }
 
 
+# -- the floor: LISTEN/NOTIFY alone -------------------------------------------------------------
+
+FLOOR_CHANNEL = "oncely_idle_floor"
+
+
+def _floor_listener(dsn: str, place: int, heard: Any, ready: Any) -> None:
+    """One process LISTENing on asyncpg, as a worker's listener does, and nothing else: it
+    notes the time a notification naming its place arrives (sent on to the bench later)."""
+    import asyncpg
+
+    async def main() -> None:
+        conn = await asyncpg.connect(dsn)
+
+        def callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            target, _, seq = payload.partition(":")
+            if int(target) == place:
+                heard.put((int(seq), time.time()))
+
+        await conn.add_listener(FLOOR_CHANNEL, callback)
+        ready.put(place)
+        await asyncio.Event().wait()  # until terminated
+
+    asyncio.run(main())
+
+
+def floor(url: str, listeners: int, probes: int, spacing: float) -> dict[str, Any]:
+    """The same probes as `wake_up`, sent to `listeners` processes that only LISTEN (raw
+    asyncpg, no oncely): each probe a transaction whose pg_notify names one of them, and the
+    latency from its COMMIT returned to that process's callback. What any design that wakes
+    workers by a notification on one channel pays on this machine before its first
+    statement: the workers' own cost is the difference."""
+    import multiprocessing
+
+    import asyncpg
+
+    dsn = _async_url(url).replace("postgresql+asyncpg://", "postgresql://")
+    context = multiprocessing.get_context("spawn")
+    heard, ready = context.Queue(), context.Queue()
+    procs = [
+        context.Process(target=_floor_listener, args=(dsn, i, heard, ready), daemon=True)
+        for i in range(listeners)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=60)
+
+        async def send() -> dict[int, float]:
+            conn = await asyncpg.connect(dsn)
+            rng = random.Random(17)
+            sent: dict[int, float] = {}
+            try:
+                for seq in range(probes):
+                    await asyncio.sleep(spacing * rng.uniform(0.5, 1.5))
+                    async with conn.transaction():
+                        await conn.execute(
+                            "SELECT pg_notify($1, $2)", FLOOR_CHANNEL, f"{seq % listeners}:{seq}"
+                        )
+                    sent[seq] = time.time()
+            finally:
+                await conn.close()
+            return sent
+
+        sent = asyncio.run(send())
+        got: dict[int, float] = {}
+        while len(got) < probes:
+            seq, at = heard.get(timeout=30)
+            got[seq] = at
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.join(10)
+    after = [1000 * (got[s] - sent[s]) for s in got]
+    return {
+        "listeners": listeners,
+        "probes": probes,
+        "received": len(got),
+        "p50_ms": round(statistics.median(after), 2),
+        "p99_ms": round(percentile(after, 0.99), 2),
+        "max_ms": round(max(after), 2),
+    }
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -415,6 +503,7 @@ def run(args: argparse.Namespace, admin_url: str, postmaster: int | None) -> dic
         }
         report["wake_up"] = wake_up(observer, db, url, args.probes, args.spacing)
         report["exit_codes"] = workers.stop()
+        report["floor"] = floor(url, args.workers, args.probes, args.spacing)
         return report
     finally:
         if workers is not None:
@@ -427,7 +516,8 @@ def run(args: argparse.Namespace, admin_url: str, postmaster: int | None) -> dic
 
 
 def render(report: dict[str, Any]) -> str:
-    i, w = report["idle"], report["wake_up"]
+    i, w, f = report["idle"], report["wake_up"], report["floor"]
+    ratio = f"{w['p99_ms'] / f['p99_ms']:.2f}x" if w["p99_ms"] and f["p99_ms"] else "n/a"
     lines = [
         f"{report['workers']} idle workers, --concurrency {report['concurrency']}, "
         f"window {i['window_s']} s ({'own cluster' if report['own_cluster'] else 'shared server'})",
@@ -446,6 +536,9 @@ def render(report: dict[str, Any]) -> str:
         f"| wake-up p99 from the COMMIT sent, ms | {w['p99_from_commit_sent_ms']} |",
         f"| statements per probe (all workers) | {w['statements_per_probe']} |",
         f"| workers that ran a probe | {w['workers_that_ran_one']} |",
+        f"| LISTEN/NOTIFY alone, {f['listeners']} asyncpg processes: p50 / p99 / max, ms "
+        f"| {f['p50_ms']} / {f['p99_ms']} / {f['max_ms']} |",
+        f"| wake-up p99 / LISTEN/NOTIFY alone p99 | {ratio} |",
         "",
         "statements in the idle window, by text:",
         "",

@@ -41,6 +41,9 @@ def test_idle_bench_small_run() -> None:
     assert any("INSERT INTO idle_probes" in s["query"] for s in wake["by_statement"])
     assert wake["started"] == wake["probes"] == 10  # every probe task ran, once
     assert wake["p99_ms"] is not None
+    # The floor: every probe reached the one plain listener it named.
+    assert report["floor"]["received"] == report["floor"]["probes"] == 10
+    assert report["floor"]["listeners"] == 2
     # Its cluster is gone.
     cluster = re.search(r"cluster: (\S+)/(\S+) on port", done.stderr)
     assert cluster is not None, done.stderr
