@@ -117,6 +117,57 @@ async def test_a_delayed_task_wakes_a_listening_worker_at_its_time(
     assert ran.started_at is not None and ran.started_at >= ran.run_at  # not before its time
 
 
+async def test_a_retry_due_before_the_worker_looks_again_runs_at_its_time(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry 10 ms away comes due before the leaser's next look (it waits a moment after a
+    short lease, then asks when the next task is due): that look must lease it, not see
+    nothing due later and sleep until the fallback look (here 600 s)."""
+    from oncely import RetryPolicy
+
+    monkeypatch.setattr(lanes, "LISTENING_POLL_S", 600.0)
+    calls: list[int] = []
+
+    @pg_app.task(retry=RetryPolicy(attempts=4, wait=0.01, backoff="fixed", jitter=0))
+    async def flaky(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        calls.append(n)
+        if len(calls) < 4:
+            raise RuntimeError(f"gateway timeout #{len(calls)}")
+
+    async with running(pg_app, poll=600.0):
+        rec = await in_tx(pg_app, lambda db: flaky.enqueue(db, n=1))
+
+        async def done() -> bool:
+            return (await pg_app.task_record(rec.id)).state is TaskState.SUCCEEDED
+
+        await until(done, "three retries 10 ms apart", timeout=20)
+    assert calls == [1, 1, 1, 1]
+    assert (await pg_app.task_record(rec.id)).attempt == 4
+
+
+async def test_a_short_delay_that_runs_out_while_the_worker_waits_to_look_is_leased(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks enqueued 20 ms ahead, one after another: each notification wakes a lease that
+    finds it not yet due, and it comes due before the worker's next look asks when."""
+    monkeypatch.setattr(lanes, "LISTENING_POLL_S", 600.0)
+
+    @pg_app.task
+    async def note(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    async with running(pg_app, poll=600.0):
+        recs = [
+            await in_tx(pg_app, lambda db, n=n: note.enqueue(db, n=n, delay=0.02)) for n in range(5)
+        ]
+
+        async def done() -> bool:
+            states = [(await pg_app.task_record(r.id)).state for r in recs]
+            return all(s is TaskState.SUCCEEDED for s in states)
+
+        await until(done, "five tasks 20 ms ahead", timeout=20)
+
+
 async def test_tasks_enqueued_while_listen_was_down_are_found_when_it_is_back(
     pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -321,6 +321,11 @@ class Dialect(abc.ABC):
         """A database-time expression for `seconds` from now (a lease's end)."""
         return clock.utcnow() + timedelta(seconds=seconds)
 
+    def scan_ago(self, seconds: float) -> Any:
+        """Database time `seconds` before `scan_now()`, as a value an index scan can start
+        from (since when an idle worker's last lease looked)."""
+        return clock.utcnow() - timedelta(seconds=seconds)
+
     @abc.abstractmethod
     def epoch_minute(self, column: Any) -> Any:
         """An SQL expression: the whole minutes since the Unix epoch of a stored instant (what

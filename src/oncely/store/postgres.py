@@ -468,6 +468,11 @@ class PostgresDialect(Dialect):
             0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)
         )
 
+    def scan_ago(self, seconds: float) -> Any:
+        return sa.func.now() - sa.func.make_interval(
+            0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)
+        )
+
     def listener(
         self,
         engine: AsyncEngine,

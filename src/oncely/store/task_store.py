@@ -651,11 +651,16 @@ class TaskStore:
         names: Sequence[str] | None,
         *,
         held: bool,
+        since: float = 0.0,
     ) -> tuple[float | None, bool]:
-        """Seconds until the next available task of these queues and names comes due (None:
-        none waits for its time), and (with `held`) whether a task that a limit holds back is
-        due already; by database time, in one statement."""
-        stmt = tasks_sql.next_due(self.dialect.scan_now(), queues, names, held=held)
+        """Seconds until the next available task of these queues and names comes due among
+        those due later than `since` seconds ago (None: none; zero or less: one came due in
+        those seconds, after the last lease looked), and (with `held`) whether a task that a
+        limit holds back is due already; by database time, in one statement."""
+        dialect = self.dialect
+        stmt = tasks_sql.next_due(
+            dialect.scan_now(), dialect.scan_ago(since), queues, names, held=held
+        )
         with self.store.translate():
             row = (await conn.execute(stmt, self.dialect.now_params())).one()
         later = None if row.next_at is None else (row.next_at - row.now).total_seconds()

@@ -384,11 +384,18 @@ def fetch(
 
 
 def next_due(
-    now: Any, queues: Sequence[str] | None, names: Sequence[str] | None, *, held: bool
+    now: Any,
+    since: Any,
+    queues: Sequence[str] | None,
+    names: Sequence[str] | None,
+    *,
+    held: bool,
 ) -> sa.Select[Any]:
-    """When the next available task of these queues and names comes due (NULL: none is
-    waiting for its time), database time now, and with `held` whether a task that a limit
-    holds back is due already: when an idle worker that notifications wake looks again. The
+    """When the next available task of these queues and names comes due after `since` (the
+    start of the worker's last lease; NULL: none), database time now, and with `held`
+    whether a task that a limit holds back is due already: when an idle worker that
+    notifications wake looks again. A `next_at` at or before `now` is a task that came due
+    after that lease looked (a retry written since, a delay that ran out): lease again. The
     first from the index of available tasks by run_at (schema v10), the last from the limited
     tasks' own."""
 
@@ -401,7 +408,7 @@ def next_due(
 
     later = of_ours(
         sa.select(sa.func.min(tasks.c.run_at)).where(
-            tasks.c.state == AVAILABLE, tasks.c.run_at > now
+            tasks.c.state == AVAILABLE, tasks.c.run_at > since
         )
     ).scalar_subquery()
     columns = [

@@ -154,6 +154,8 @@ class TaskWorker:
         """Counts what may have made a task due sooner: notifications, outcomes written."""
         self._looked: tuple[int, float] | None = None
         """(news, monotonic deadline) of the leaser's last `next_due`: its next look."""
+        self._leased_at = time.monotonic()
+        """When the leaser's last lease began (monotonic)."""
         self._listening_engine: AsyncEngine | None = None
         self._stopping = False
         self._crash: BaseException | None = None
@@ -318,8 +320,12 @@ class TaskWorker:
                 await _first(stopping, self._room)
                 continue
             want = min(room, options.batch)
+            # Cleared before the lease, not after: an outcome written or a task ended while
+            # the lease runs (a retry it did not see) wakes the wait below.
             self._woken.clear()
+            self._room.clear()
             answering, self._answering = self._answering, []
+            self._leased_at = time.monotonic()
             fetched = await self._fetch(want, stopping)
             leased = fetched or []
             for item in leased:
@@ -332,7 +338,6 @@ class TaskWorker:
                 # Short: nothing more is due, or the rest waits for a limit's room, which a
                 # task of this worker that ends may free: look again then, or when notified,
                 # or when the next task comes due.
-                self._room.clear()
                 wait = await self._next_look(stopping)
                 await _first(stopping, self._woken, self._room, timeout=wait)
 
@@ -353,8 +358,14 @@ class TaskWorker:
         news = self._news
         try:
             async with self.control.connect() as conn:
+                # Since the last lease began: a task that came due after it looked (a
+                # retry this worker wrote meanwhile) is due now, and leased at once.
                 later, held = await self.store.tasks.next_due(
-                    conn, self.options.queues, self.names, held=self._limited
+                    conn,
+                    self.options.queues,
+                    self.names,
+                    held=self._limited,
+                    since=time.monotonic() - self._leased_at,
                 )
         except OncelyError as exc:
             logger.debug("reading when the next task is due failed: %s", exc)
