@@ -12,6 +12,13 @@ connection to the admin database and keeps the peak number of connections to the
 own database (the sampler and the bench's progress probe excluded). oncely also drains the
 same tasks without the insert ("no database"): the sleep alone, which takes no connection.
 
+The floor: the transaction each of oncely's one-row tasks commits, sent by pgbench (a C
+client, no task system) on --pool-size connections, --tasks times, in the same run: `BEGIN;
+SET LOCAL synchronous_commit TO on`, the row's INSERT, then the ack's UPDATE and COMMIT,
+three round trips as oncely's worker sends them. It is what this server and machine allow a
+transaction per task at that pool size (the sleep does not bound it: 1000 tasks sleeping
+0.1 s at once are 10,000/s). Skipped, and said so, where no pgbench is installed.
+
 A peer's shape that needs more connections than the server has left is skipped, and the
 output says so. Each system gets a fresh database of its own, dropped at the end. The
 best of --rounds rounds is kept; the load average is printed with every drain (the machine
@@ -24,9 +31,14 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import glob
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -344,6 +356,86 @@ async def idle(system: Oncely, args: argparse.Namespace, base: str) -> list[str]
     return lines
 
 
+FLOOR_SCRIPT = """\\set id random(1, :tasks)
+BEGIN \\; SET LOCAL synchronous_commit TO on;
+INSERT INTO bench_effects (n) VALUES (:id);
+UPDATE bench_acks SET state = 'succeeded' WHERE id = :id AND token = 'token' \\; COMMIT;
+"""
+"""One task's transaction in pgbench's script language: three round trips (`\\;` joins two
+statements into one message), the ack a compare-and-set on the task's id and token."""
+
+
+def pgbench() -> str | None:
+    """pgbench's path: on PATH, or where Debian's postgresql packages put it."""
+    found = shutil.which("pgbench")
+    if found:
+        return found
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"))
+    return candidates[-1] if candidates else None
+
+
+async def floor(base: str, database: str, tasks: int, clients: int) -> tuple[float, str]:
+    """Transactions/s of FLOOR_SCRIPT from pgbench at `clients` connections, `tasks` in all,
+    on a fresh database `database` (dropped by the caller); and pgbench's own line."""
+    binary = pgbench()
+    if binary is None:
+        raise FileNotFoundError("pgbench")
+    dsn = await queues.fresh_database(base, database)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE TABLE bench_acks (id bigint PRIMARY KEY, state text, token text);"
+            " INSERT INTO bench_acks SELECT g, 'running', 'token'"
+            f" FROM generate_series(1, {int(tasks)}) AS g"
+        )
+        await conn.execute("VACUUM ANALYZE bench_acks")
+    finally:
+        await conn.close()
+    per_client = max(1, tasks // clients)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(FLOOR_SCRIPT)
+        script.flush()
+        command = [
+            binary, "--no-vacuum", "--protocol=simple", f"--client={clients}",
+            f"--jobs={min(clients, os.cpu_count() or 1)}", f"--transactions={per_client}",
+            f"--define=tasks={int(tasks)}", f"--file={script.name}", dsn,
+        ]  # fmt: skip
+        done = await asyncio.to_thread(
+            subprocess.run, command, capture_output=True, text=True, timeout=600
+        )
+    found = re.search(r"^tps = ([0-9.]+)", done.stdout, re.MULTILINE)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"pgbench failed: {done.stderr.strip()[-500:]}")
+    return float(found.group(1)), f"{clients * per_client} transactions on {clients} connections"
+
+
+FLOOR = "floor: pgbench, the same transaction"
+
+
+async def add_floor(
+    args: argparse.Namespace,
+    base: str,
+    databases: list[str],
+    results: dict[tuple[str, str], Drain],
+    shapes: dict[tuple[str, str], str],
+) -> str | None:
+    """Measure the floor into `results` (unless --no-floor); a line saying why it was not."""
+    if args.no_floor:
+        return None
+    database = f"{args.database_prefix}_floor"
+    databases.append(database)
+    try:
+        rate, how = await floor(base, database, args.tasks, args.pool_size)
+    except FileNotFoundError:
+        print("  floor skipped: no pgbench is installed", flush=True)
+        return "floor skipped: no pgbench is installed"
+    load_now = os.getloadavg()[0]
+    results[FLOOR, ""] = Drain(rate, args.pool_size, 0, 0, 0, 0, load_now, 0.0)
+    shapes[FLOOR, ""] = how
+    print(f"  {'floor (pgbench)':22} {rate:9,.1f} transactions/s  {how}", flush=True)
+    return None
+
+
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
@@ -373,6 +465,11 @@ def parse() -> argparse.Namespace:
         default=0,
         metavar="SECONDS",
         help="also measure an idle oncely worker for SECONDS, before and after a burst",
+    )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the floor (pgbench, the same transaction)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (CI): 200 tasks, 50 at once, pool 4"
@@ -465,6 +562,7 @@ async def main() -> None:
                     shapes[row, ""] = shape
                 # Peak connections: the highest of the rounds (it is a bound, not a speed).
                 results[row, ""].peak = max(results[row, ""].peak, result.peak)
+        floor_line = await add_floor(args, base, databases, results, shapes)
         idle_lines = []
         if args.idle and systems[0].name == "oncely":
             idle_lines = await idle(systems[0], args, base)
@@ -478,6 +576,8 @@ async def main() -> None:
         finally:
             await admin.close()
     print_table(args, results, shapes, skipped)
+    if floor_line is not None:
+        print(f"\n{floor_line}")
     for line in idle_lines:
         print(f"\noncely worker (concurrency {args.concurrency}, pool {args.pool_size}) {line}")
 
@@ -502,6 +602,12 @@ def print_table(
     print("|---|---|---|---|---|---|---|---|---|")
     for (row, _), result in results.items():
         ratio = f"{mine.rate / result.rate:.2f}" if mine and row != "oncely, no database" else "n/a"
+        if row == FLOOR:
+            print(
+                f"| {row} | {result.rate:,.1f} | {ratio} | {result.peak} | - | - | -"
+                f" | {result.load:.2f} | {shapes[row, '']} |"
+            )
+            continue
         print(
             f"| {row} | {result.rate:,.1f} | {ratio} | {result.peak} | {result.ran}"
             f" ({result.twice}) | {result.rows} | {result.cpu:.2f} | {result.load:.2f}"
