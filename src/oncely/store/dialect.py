@@ -373,15 +373,20 @@ class Dialect(abc.ABC):
         """Whether a task's connection, idle `idle_s` seconds, can serve the next task."""
         return not conn.closed and not conn.invalidated and not conn.in_transaction()
 
-    def begin_task(self, connection: Connection) -> Any:
+    def begin_task(self, connection: Connection, *, begun: bool = False) -> Any:
         """Called (inside the session's greenlet) when a task's session begins on
-        `connection`: begin the task's durable transaction on the driver and return the driver
+        `connection`: begin the task's durable transaction on the driver (unless `begun`: the
+        previous task's COMMIT began it, see `ack_and_commit`) and return the driver
         connection, or return None when SQLAlchemy's own BEGIN is the task's transaction."""
         return None
 
-    async def ack_and_commit(self, driver: Any, task_id: int, token: str) -> bool:
+    async def ack_and_commit(
+        self, driver: Any, task_id: int, token: str, *, begin_next: bool = False
+    ) -> bool:
         """On a driver `begin_task` returned: mark the task succeeded iff its lease is still
-        ours and commit the task's work with it; False (rolled back) if the lease was lost."""
+        ours and commit the task's work with it; False (rolled back) if the lease was lost.
+        With `begin_next`, the next task's transaction begins in the same round trip, after
+        the COMMIT (for a task waiting for this connection)."""
         raise NotImplementedError
 
     async def rollback_task(self, driver: Any) -> None:

@@ -404,17 +404,21 @@ class PostgresDialect(Dialect):
     def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
-    def begin_task(self, connection: Connection) -> Any:
+    def begin_task(self, connection: Connection, *, begun: bool = False) -> Any:
         driver = getattr(connection.connection, "driver_connection", None)
         autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
         if not autocommit or not isinstance(driver, asyncpg.Connection):
             return None  # SQLAlchemy's BEGIN (another driver, or the user's own engine)
-        await_only(driver.execute(TASK_BEGIN))
+        if not (begun and driver.is_in_transaction()):
+            await_only(driver.execute(TASK_BEGIN))
         return driver
 
-    async def ack_and_commit(self, driver: Any, task_id: int, token: str) -> bool:
+    async def ack_and_commit(
+        self, driver: Any, task_id: int, token: str, *, begin_next: bool = False
+    ) -> bool:
+        sql = _task_ack_sql(task_id, token)
         try:
-            await driver.execute(_task_ack_sql(task_id, token))
+            await driver.execute(f"{sql}; {TASK_BEGIN}" if begin_next else sql)
         except asyncpg.DivisionByZeroError:
             await driver.execute("ROLLBACK")
             return False

@@ -337,6 +337,11 @@ class TaskTransaction:
         self._options = self.dialect.task_options(eager=eager)
         self._conn: AsyncConnection | None = None
         self._driver: Any = None
+        self._begun = False
+        """The connection came from the pool in a transaction begun for this task."""
+        self._next_begun = False
+        """This task's COMMIT began the next task's transaction: its connection goes to the
+        task waiting for it (TaskPool.hand_off)."""
         # Bound to the pool's engine for what a task reads of it (`db.bind.dialect`); its
         # statements take the connection `connection()` lends (TaskSession.get_bind).
         self.session = AsyncSession(
@@ -348,7 +353,7 @@ class TaskTransaction:
         """The task's connection, taken from the pool at the first call (in the session's
         greenlet, where the pool can be awaited)."""
         if self._conn is None:
-            self._conn = await_only(self.pool.take())
+            self._conn, self._begun = await_only(self.pool.take())
         sync = self._conn.sync_connection
         assert sync is not None  # an AsyncConnection that is connected
         if self._options:
@@ -358,7 +363,7 @@ class TaskTransaction:
     def began(self, connection: Connection) -> None:
         """The session began on `connection` (its first statement is next)."""
         self.touched = True
-        self._driver = self.dialect.begin_task(connection)
+        self._driver = self.dialect.begin_task(connection, begun=self._begun)
 
     async def commit(self, result: str | None = None) -> bool | None:
         """Flush what the task left pending, then ack it and commit its work with the ack
@@ -375,7 +380,13 @@ class TaskTransaction:
         with self.tasks.store.translate():
             if self._driver is not None and result is None:
                 hooks.before_commit(item.task, str(item.id))
-                return await self.dialect.ack_and_commit(self._driver, item.id, item.token)
+                # A task waits for a connection: its transaction begins with this COMMIT.
+                begin_next = self.pool.waiting
+                acked = await self.dialect.ack_and_commit(
+                    self._driver, item.id, item.token, begin_next=begin_next
+                )
+                self._next_begun = acked and begin_next and self._driver.is_in_transaction()
+                return acked
             if (await session.execute(*self.tasks.ack_one(item, result))).first() is None:
                 await session.rollback()
                 return False
@@ -390,17 +401,25 @@ class TaskTransaction:
         """Roll back what did not commit and give the connection back to the pool."""
         sync = self.session.sync_session
         hand_back(sync)
+        handed = False
         try:
-            if self._driver is not None:
+            if self._next_begun and self._conn is not None:
+                # Closed first (it sends nothing: SQLAlchemy's adapter holds no transaction of
+                # its own in autocommit), then the connection goes to the waiting task.
                 with contextlib.suppress(Exception):
-                    await self.dialect.rollback_task(self._driver)
-            with contextlib.suppress(Exception):
-                await self.session.close()
+                    await self.session.close()
+                handed = self.pool.hand_off(self._conn)
+            if not handed:
+                if self._driver is not None:
+                    with contextlib.suppress(Exception):
+                        await self.dialect.rollback_task(self._driver)
+                with contextlib.suppress(Exception):
+                    await self.session.close()
         finally:
             sync.info.pop(_TX, None)
             end(sync)
             conn, self._conn = self._conn, None
-            if conn is not None:
+            if conn is not None and not handed:
                 await self.pool.give(conn)
 
 
