@@ -76,6 +76,21 @@ async def consuming(app: Oncely, **options: Any) -> AsyncIterator[TaskWorker]:
         await asyncio.wait_for(task, 30)
 
 
+async def run_one_connection(
+    app: Oncely,
+    concurrency: int,
+    pools: list[TaskPool],
+    done: Callable[[], Awaitable[bool]],
+    what: str,
+) -> None:
+    """A worker with a pool of one connection until `done()`; its pool in `pools` meanwhile."""
+    async with consuming(app, concurrency=concurrency, pool_size=1, poll=0.05) as w:
+        await until(lambda: w.pool is not None, "the pool")
+        assert w.pool is not None
+        pools.append(w.pool)
+        await until(done, what)
+
+
 async def states(app: Oncely, ids: list[int]) -> list[TaskState]:
     return [(await app.task_record(i)).state for i in ids]
 
@@ -122,11 +137,9 @@ async def test_a_task_handed_a_begun_transaction_that_fails_leaves_nothing(
 
     recs = await in_tx(pg_app, lambda db: write.enqueue_many(db, [{"n": n} for n in (1, 2, 3)]))
     ids = [r.id for r in recs]
-    async with consuming(pg_app, concurrency=3, pool_size=1, poll=0.05) as w:
-        await until(lambda: w.pool is not None, "the pool")
-        assert w.pool is not None
-        pools.append(w.pool)
-        await until(lambda: _ended(pg_app, ids), "the three tasks to end")
+    await run_one_connection(
+        pg_app, 3, pools, lambda: _ended(pg_app, ids), "the three tasks to end"
+    )
     assert await states(pg_app, ids) == [TaskState.SUCCEEDED, TaskState.DEAD, TaskState.SUCCEEDED]
     assert await effects(pg_app) == [1, 3]
     # Task 2's transaction came with task 1's COMMIT; it rolled back, so task 3 began its own.
@@ -156,11 +169,7 @@ async def test_a_lost_lease_hands_over_nothing_and_the_waiter_begins_its_own(
 
     recs = await in_tx(pg_app, lambda db: write.enqueue_many(db, [{"n": n} for n in (1, 2)]))
     ids = [r.id for r in recs]
-    async with consuming(pg_app, concurrency=2, pool_size=1, poll=0.05) as w:
-        await until(lambda: w.pool is not None, "the pool")
-        assert w.pool is not None
-        pools.append(w.pool)
-        await until(lambda: _done(pg_app, ids), "task 2 to succeed")
+    await run_one_connection(pg_app, 2, pools, lambda: _done(pg_app, ids), "task 2 to succeed")
     assert await states(pg_app, ids) == [TaskState.DISCARDED, TaskState.SUCCEEDED]
     assert await effects(pg_app) == [2]
     # Task 1's ack went with a BEGIN for task 2 after its COMMIT; the failed ack stopped the
