@@ -370,6 +370,11 @@ class TaskWorker:
         except OncelyError as exc:
             logger.debug("reading when the next task is due failed: %s", exc)
             return poll
+        if later is not None and later <= 0 and self._turns:
+            # Due already, while a notification waits for this worker's turn: most likely
+            # the task it announced, so look at that turn, not before the first to look.
+            loop = asyncio.get_running_loop()
+            later = min(turn.when() for turn in self._turns.values()) - loop.time()
         wait = poll if held else LISTENING_POLL_S if later is None else later
         wait = max(0.0, min(wait, LISTENING_POLL_S))
         self._looked = (news, time.monotonic() + wait)
