@@ -61,7 +61,7 @@ class TaskPool:
     def waiting(self) -> bool:
         """Whether a task waits for a connection (so one handed over would be taken at once);
         only for a pool that keeps its connections (a user's engine gets each one back)."""
-        return self._keep and self.in_line > 0
+        return self._keep and any(not waiter.done() for waiter in self._waiters)
 
     async def take(self) -> tuple[AsyncConnection, bool]:
         """A connection for one task's transaction, and whether that transaction is begun
