@@ -47,29 +47,40 @@ class CommitCut:
             upstream = socket.create_connection(self.target)
             with self._lock:
                 self._upstreams.append(upstream)
-            threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
+            severed = threading.Event()  # this connection's COMMIT went out: nothing comes back
+            threading.Thread(target=self._up, args=(client, upstream, severed), daemon=True).start()
+            threading.Thread(
+                target=self._down, args=(upstream, client, severed), daemon=True
+            ).start()
 
-    def _up(self, client: socket.socket, upstream: socket.socket) -> None:
+    def _up(self, client: socket.socket, upstream: socket.socket, severed: threading.Event) -> None:
         try:
             while data := client.recv(65536):
-                upstream.sendall(data)
                 if b"COMMIT" in data and not self.cut.is_set():
+                    # Severed before the COMMIT goes out: its reply, which can only come
+                    # after, is never passed on, however fast the server answers.
+                    severed.set()
                     self.cut.set()
+                    upstream.sendall(data)
                     # The COMMIT is on its way to the server; the client's side goes dead.
                     # The upstream socket stays open, so the server finishes the COMMIT.
                     with contextlib.suppress(OSError):
                         client.shutdown(socket.SHUT_RDWR)
                     client.close()
                     return
+                upstream.sendall(data)
         except OSError:
             pass
         with contextlib.suppress(OSError):
             upstream.shutdown(socket.SHUT_RDWR)
 
-    def _down(self, upstream: socket.socket, client: socket.socket) -> None:
+    def _down(
+        self, upstream: socket.socket, client: socket.socket, severed: threading.Event
+    ) -> None:
         try:
             while data := upstream.recv(65536):
+                if severed.is_set():
+                    break  # the reply to the COMMIT (or later): the client never hears it
                 client.sendall(data)
         except OSError:
             pass
