@@ -168,6 +168,38 @@ async def test_a_short_delay_that_runs_out_while_the_worker_waits_to_look_is_lea
         await until(done, "five tasks 20 ms ahead", timeout=20)
 
 
+async def test_a_task_due_just_after_the_lease_looked_is_found_when_the_next_look_is_late(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look after a short lease counts the tasks due since that lease began, measured on
+    the worker's clock; its statement reaches the server later than the lease's did (a loaded
+    loop, a prepare, a slow round trip). A task that came due in between was neither due for
+    the lease nor counted by the look, and waited for the fallback look (here 600 s)."""
+    monkeypatch.setattr(lanes, "LISTENING_POLL_S", 600.0)
+    store = pg_app.store.tasks
+    next_due = store.next_due
+    looks: list[float] = []
+
+    async def late(*args: Any, **kwargs: Any) -> Any:
+        looks.append(kwargs["since"])
+        await asyncio.sleep(0.15)  # the injected lateness: the statement starts 150 ms after
+        return await next_due(*args, **kwargs)
+
+    @pg_app.task
+    async def note(db, n: int) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    async with running(pg_app, poll=600.0):
+        monkeypatch.setattr(store, "next_due", late)
+        rec = await in_tx(pg_app, lambda db: note.enqueue(db, n=1, delay=0.04))
+
+        async def done() -> bool:
+            return (await pg_app.task_record(rec.id)).state is TaskState.SUCCEEDED
+
+        await until(done, "a task due 40 ms after its lease looked", timeout=20)
+    assert looks  # the late look is the one that found it
+
+
 async def test_tasks_enqueued_while_listen_was_down_are_found_when_it_is_back(
     pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
 ) -> None:

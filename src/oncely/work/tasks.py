@@ -77,6 +77,13 @@ LOOK_AFTER_S = 0.05
 """Seconds an idle worker lets pass after news before it asks when the next task is due:
 when a notification wakes every idle worker, the one that leased the task starts it first,
 the others' questions come after (a task due sooner than this starts this much late)."""
+LOOK_BACK_S = 1.0
+"""Seconds the look after a short lease reaches back before that lease began: it counts the
+tasks due since then, measured on this worker's clock, and its statement may reach the
+server later after that reading than the lease's did (a busy event loop, a prepare, a slow
+round trip); a task due in that gap was not due for the lease and would not be counted. A
+task counted that the lease could not take (a row another transaction held) makes one more
+lease per look, for at most this long."""
 LISTEN_RETRY_FIRST_S = 1.0
 LISTEN_RETRY_MAX_S = 300.0
 """Seconds before a worker tries LISTEN again after it failed or its connection was lost
@@ -358,14 +365,15 @@ class TaskWorker:
         news = self._news
         try:
             async with self.control.connect() as conn:
-                # Since the last lease began: a task that came due after it looked (a
-                # retry this worker wrote meanwhile) is due now, and leased at once.
+                # Since the last lease began (and LOOK_BACK_S before): a task that came
+                # due after it looked (a retry this worker wrote meanwhile) is due now, and
+                # leased at once.
                 later, held = await self.store.tasks.next_due(
                     conn,
                     self.options.queues,
                     self.names,
                     held=self._limited,
-                    since=time.monotonic() - self._leased_at,
+                    since=time.monotonic() - self._leased_at + LOOK_BACK_S,
                 )
         except OncelyError as exc:
             logger.debug("reading when the next task is due failed: %s", exc)
