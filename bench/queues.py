@@ -60,6 +60,16 @@ async def fresh_database(base: str, name: str, durable: bool = True) -> str:
     return dsn
 
 
+async def drop_databases(base: str, names: list[str]) -> None:
+    """Drop the databases this run made (its connections closed or cut)."""
+    admin = await asyncpg.connect(base)
+    try:
+        for name in names:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 async def wait_empty(dsn: str, query: str, timeout: float = 600) -> None:
     """Wait until `query` (a count of pending jobs, on a partial index) says 0."""
     deadline = time.monotonic() + timeout
@@ -530,6 +540,11 @@ async def main() -> None:
         help='which drains to time ("" for none; keyed and rated: oncely only)',
     )
     parser.add_argument("--no-enqueue", action="store_true", help="skip the enqueue rows")
+    parser.add_argument(
+        "--keep-databases",
+        action="store_true",
+        help="leave each system's database behind at the end (to look at its tables)",
+    )
     parser.add_argument("--no-latency", action="store_true", help="skip the latency rows")
     parser.add_argument(
         "--no-fsync",
@@ -542,65 +557,82 @@ async def main() -> None:
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
     classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
     systems: list[System] = []
-    for name in args.systems.split(","):
-        system = classes[name]()
-        dsn = await fresh_database(base, f"{args.database_prefix}_{name}", not args.no_fsync)
-        await system.setup(dsn)
-        systems.append(system)
-    room = await connection_room(base)
-    for system in systems:
-        system.room = room
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    results: dict[str, dict[str, float]] = {s.name: {} for s in systems}
-    shapes: dict[tuple[str, str], str] = {}
-
-    def keep(
-        system: System, metric: str, value: float, best: Callable[..., float], shape: str = ""
-    ) -> None:
-        old = results[system.name].get(metric)
-        results[system.name][metric] = value if old is None else best(old, value)
-        if results[system.name][metric] == value and shape:
-            shapes[system.name, metric] = shape
-        print(f"  {system.name:14} {metric:28} {value:10.1f}  {shape}", flush=True)
-
-    for round_no in range(args.rounds):
-        print(f"round {round_no + 1}/{args.rounds}", flush=True)
+    created: list[str] = []
+    try:
+        for name in args.systems.split(","):
+            system = classes[name]()
+            database = f"{args.database_prefix}_{name}"
+            created.append(database)
+            dsn = await fresh_database(base, database, not args.no_fsync)
+            await system.setup(dsn)
+            systems.append(system)
+        room = await connection_room(base)
         for system in systems:
-            if args.only_latency or args.no_enqueue:
-                break
-            rate = await enqueue_single(system, args.single, transaction=True)
-            keep(system, "enqueue single, own transaction /s", rate, max)
-            rate = await enqueue_single(system, args.single, transaction=False)
-            keep(system, "enqueue single, autocommit /s", rate, max)
-            keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
-            if system.driver_enqueue:
-                rate = await enqueue_single(system, args.single, transaction=True, driver=True)
-                keep(system, f"enqueue single, own transaction{ASYNCPG} /s", rate, max)
-                rate = await enqueue_single(system, args.single, transaction=False, driver=True)
-                keep(system, f"enqueue single, autocommit{ASYNCPG} /s", rate, max)
-                rate = await enqueue_batch(system, args.tasks, driver=True)
-                keep(system, f"enqueue batch{ASYNCPG} /s", rate, max)
-                rate = await enqueue_single(system, args.single, transaction=True, floor=True)
-                keep(system, f"enqueue single, own transaction{ALONE} /s", rate, max)
-                rate = await enqueue_single(system, args.single, transaction=False, floor=True)
-                keep(system, f"enqueue single, autocommit{ALONE} /s", rate, max)
-        for task in [t for t in args.drains.split(",") if t] if not args.only_latency else ():
-            for concurrency in concurrencies:
-                for system in [s for s in systems if task in s.drains]:
-                    count = (
-                        args.procrastinate_tasks if system.name == "procrastinate" else args.tasks
-                    )
-                    for shape in system.shapes(concurrency):
-                        rate = await drain(system, task, count, concurrency, shape)
-                        keep(system, f"drain {task} c={concurrency} /s", rate, max, shape)
-                        keep(system, f"drain {task} best /s", rate, max, f"c={concurrency} {shape}")
-        for system in systems if not args.no_latency else ():
-            p50, p99 = await latency(system, args.samples)
-            keep(system, "latency p50 ms", p50, min)
-            keep(system, "latency p99 ms", p99, min)
-    for system in systems:
-        await system.close()
-    print_table(results, shapes, args)
+            system.room = room
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        results: dict[str, dict[str, float]] = {s.name: {} for s in systems}
+        shapes: dict[tuple[str, str], str] = {}
+
+        def keep(
+            system: System, metric: str, value: float, best: Callable[..., float], shape: str = ""
+        ) -> None:
+            old = results[system.name].get(metric)
+            results[system.name][metric] = value if old is None else best(old, value)
+            if results[system.name][metric] == value and shape:
+                shapes[system.name, metric] = shape
+            print(f"  {system.name:14} {metric:28} {value:10.1f}  {shape}", flush=True)
+
+        for round_no in range(args.rounds):
+            print(f"round {round_no + 1}/{args.rounds}", flush=True)
+            for system in systems:
+                if args.only_latency or args.no_enqueue:
+                    break
+                rate = await enqueue_single(system, args.single, transaction=True)
+                keep(system, "enqueue single, own transaction /s", rate, max)
+                rate = await enqueue_single(system, args.single, transaction=False)
+                keep(system, "enqueue single, autocommit /s", rate, max)
+                keep(system, "enqueue batch /s", await enqueue_batch(system, args.tasks), max)
+                if system.driver_enqueue:
+                    rate = await enqueue_single(system, args.single, transaction=True, driver=True)
+                    keep(system, f"enqueue single, own transaction{ASYNCPG} /s", rate, max)
+                    rate = await enqueue_single(system, args.single, transaction=False, driver=True)
+                    keep(system, f"enqueue single, autocommit{ASYNCPG} /s", rate, max)
+                    rate = await enqueue_batch(system, args.tasks, driver=True)
+                    keep(system, f"enqueue batch{ASYNCPG} /s", rate, max)
+                    rate = await enqueue_single(system, args.single, transaction=True, floor=True)
+                    keep(system, f"enqueue single, own transaction{ALONE} /s", rate, max)
+                    rate = await enqueue_single(system, args.single, transaction=False, floor=True)
+                    keep(system, f"enqueue single, autocommit{ALONE} /s", rate, max)
+            for task in [t for t in args.drains.split(",") if t] if not args.only_latency else ():
+                for concurrency in concurrencies:
+                    for system in [s for s in systems if task in s.drains]:
+                        count = (
+                            args.procrastinate_tasks
+                            if system.name == "procrastinate"
+                            else args.tasks
+                        )
+                        for shape in system.shapes(concurrency):
+                            rate = await drain(system, task, count, concurrency, shape)
+                            keep(system, f"drain {task} c={concurrency} /s", rate, max, shape)
+                            keep(
+                                system,
+                                f"drain {task} best /s",
+                                rate,
+                                max,
+                                f"c={concurrency} {shape}",
+                            )
+            for system in systems if not args.no_latency else ():
+                p50, p99 = await latency(system, args.samples)
+                keep(system, "latency p50 ms", p50, min)
+                keep(system, "latency p99 ms", p99, min)
+        print_table(results, shapes, args)
+    finally:
+        try:
+            for system in systems:
+                await system.close()
+        finally:
+            if not args.keep_databases:
+                await drop_databases(base, created)
 
 
 async def connection_room(base: str) -> int:

@@ -46,8 +46,13 @@ def test_queue_bench_runs(postgres_database: str) -> None:
     finally:
         admin = sa.create_engine(_sync_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
+            left = conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_database WHERE datname = %(name)s",
+                {"name": f"{prefix}_oncely"},
+            ).scalar_one()
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{prefix}_oncely" WITH (FORCE)')
         admin.dispose()
+    assert left == 0  # the run drops the database it made
     assert done.returncode == 0, done.stderr[-3000:]
     table = {
         line.split(" | ")[0].removeprefix("| "): line

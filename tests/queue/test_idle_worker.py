@@ -251,6 +251,15 @@ async def three_workers(
             "the three workers to listen and know each other",
         )
         assert sorted(w._turn[0] for w in workers) == [0, 1, 2]
+        await until(
+            lambda: all(
+                w._looked is not None
+                and w._looked[0] == w._news
+                and w._looked[1] > time.monotonic() + 1
+                for w in workers
+            ),
+            "the three workers to be idle (each one's last look sees nothing due soon)",
+        )
         for i, w in enumerate(workers):
             real = w._fetch
 
