@@ -93,6 +93,13 @@ def tracer() -> Tracer | None:
     return _tracer if provider is _provider else _cache(trace, provider)
 
 
+def warm() -> None:
+    """Import the API and find the tracer now: a worker calls it as it starts, so that its
+    first task or slot does not pay the import (10-20 ms) between its lease and its start,
+    or inside its attempt."""
+    tracer()
+
+
 def _cache(trace: ModuleType, provider: Any) -> Tracer | None:
     global _provider, _tracer
     found: Tracer | None = None

@@ -362,3 +362,75 @@ async def test_a_tasks_own_spans_are_children_of_its_attempt(app: Oncely, spans:
     for inner, task in ("GET /rates", "fetch"), ("render pdf", "render"):
         (span,) = spans.named(inner)
         assert span.parent is not None and span.parent.span_id == attempts[task].context.span_id
+
+
+FIRST_WORK = """
+import asyncio, sys
+import oncely
+from oncely import every
+from oncely.runner import run_slot
+from oncely.store.task_store import TaskStore
+from oncely.work import jobs
+assert "opentelemetry.trace" not in sys.modules
+seen = []
+lease = TaskStore.fetch
+
+async def fetch(self, *args, **kwargs):
+    seen.append("opentelemetry.trace" in sys.modules)
+    return await lease(self, *args, **kwargs)
+
+async def slot(*args, **kwargs):
+    seen.append("opentelemetry.trace" in sys.modules)
+    return await run_slot(*args, **kwargs)
+
+TaskStore.fetch, jobs.run_slot = fetch, slot
+app = oncely.Oncely(sys.argv[1])
+ran = asyncio.Event()
+
+@app.task
+async def charge(db, order_id: int):
+    ran.set()
+
+@app.job(every(seconds=1), name="each_second")
+async def each_second(db, now):
+    ran.set()
+
+async def main():
+    await app.migrate()
+    if sys.argv[2] == "enqueue":  # in a process of its own: an enqueue imports the API
+        await charge.enqueue_committed(app.store, order_id=1)
+        await app.aclose()
+        return
+    stopping = asyncio.Event()
+    if sys.argv[2] == "tasks":
+        worker = asyncio.create_task(app.consume(stopping))
+    else:
+        worker = asyncio.create_task(app.work(concurrency=0, stopping=stopping))
+    await asyncio.wait_for(ran.wait(), 30)
+    stopping.set()
+    await worker
+    await app.aclose()
+    print(seen[0])
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("part", ["tasks", "jobs"])
+def test_a_worker_imports_the_api_as_it_starts_not_in_its_first_attempt(
+    tmp_path: Any, part: str
+) -> None:
+    """The API's import (10-20 ms) happens as the task worker or the job loop starts: not
+    between a task's lease and its start, nor inside a slot's attempt."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    for step in ["enqueue", part] if part == "tasks" else [part]:
+        done = subprocess.run(
+            [sys.executable, "-c", FIRST_WORK, url, step],
+            cwd=ROOT,
+            env=os.environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .. import clock, events
+from .. import clock, events, tracing
 from ..errors import ConfigError, DatabaseUnavailableError, OncelyError
 from ..identity import replica_id
 from ..model import Pause, RunStatus
@@ -116,6 +116,7 @@ class JobWorker:
         """Run until `stopping` is set, then shut down gracefully."""
         if not await self._connect():
             return
+        tracing.warm()  # before the first slot: not inside its attempt
         self.scheduler.started = self.now()
         events.emit(
             "worker.started",

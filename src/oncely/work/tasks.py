@@ -250,6 +250,7 @@ class TaskWorker:
         """Run until `stopping` is set and the tasks in flight end; cancelling the call rolls
         back the tasks still running and hands them back."""
         await self.store.ensure_schema()
+        tracing.warm()  # before the first lease: not between a task's lease and its start
         pool, self.settling = self.store.worker_engines(self.options.pool_size)
         self.pool = pool
         self.control = self.store.dialect.autocommit(self.settling)
