@@ -295,15 +295,26 @@ async def test_idle_workers_answer_a_notification_in_turns_the_first_says_it_is_
 ) -> None:
     """Three idle workers hear one notification: the one whose turn the notification's key
     gives leases at once and runs the task; its lease took all that was due, so it says the
-    notification is answered, and the other two never lease for it."""
+    notification is answered, and the other two never lease for it. The task starts before
+    that word's statement goes out (which would otherwise take the event loop first)."""
     app = pg_app
     ran: list[int] = []
+    order: list[str] = []
 
     @app.task
     async def probe(db, n: int):  # type: ignore[no-untyped-def]
+        order.append("task")
         ran.append(n)
 
     async with three_workers(app, monkeypatch) as (workers, fetches):
+        for w in workers:
+            say = w._say_taken
+
+            async def said(keys: list[str], say: Any = say) -> None:
+                order.append("taken")
+                await say(keys)
+
+            w._say_taken = said  # type: ignore[method-assign]
         before = dict(fetches)
         key = await enqueued_with_key(app, probe)
         waits = [w._turn_wait(key) for w in workers]
@@ -318,6 +329,7 @@ async def test_idle_workers_answer_a_notification_in_turns_the_first_says_it_is_
         assert fetches[first] > before[first]
         assert [fetches[i] - before[i] for i in others] == [0, 0]  # their turns: cancelled
         assert ran == [1]
+        assert order == ["task", "taken"]
 
 
 async def test_when_the_first_to_look_hangs_the_next_takes_the_task_at_its_turn(

@@ -339,8 +339,11 @@ class TaskWorker:
             for item in leased:
                 self.held[item.id] = item
                 self._ready.append(item)
-            self._dispatch()  # the tasks start before the word goes out
+            self._dispatch()
             if answering and fetched is not None and len(leased) < want and self._crash is None:
+                # The tasks start before the word goes out: they run up to their first
+                # wait (a statement, a call) before the word's statement takes the loop.
+                await asyncio.sleep(0)
                 await self._say_taken(answering)  # a lease begun after those notifications
             if len(leased) < want:
                 # Short: nothing more is due, or the rest waits for a limit's room, which a
