@@ -171,3 +171,43 @@ async def test_a_worker_whose_tasks_make_no_statement_holds_two_connections_whil
         await probe.close()
     assert looks >= 2
     assert held == [2]  # control and LISTEN
+
+
+@pytest.mark.postgres
+async def test_a_workers_lease_goes_on_the_driver_not_through_sqlalchemy(
+    pg_app: Oncely,
+) -> None:
+    """On asyncpg a worker's lease is its prepared statement sent on the driver of its
+    control connection: SQLAlchemy's statement machinery (more CPU than the round trip, and
+    between a notification and the task's start) never sees it. The tasks it leases run,
+    with their arguments, each once."""
+    app = pg_app
+    ran: list[int] = []
+
+    @app.task
+    async def record(db, n: int, tag: str):  # type: ignore[no-untyped-def]
+        assert tag == f"t{n}"
+        ran.append(n)
+
+    await in_tx(
+        app, lambda db: record.enqueue_many(db, [{"n": n, "tag": f"t{n}"} for n in range(5)])
+    )
+    through: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        through.append(statement.lstrip()[:20])
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+    try:
+        async with app.store.engine.connect() as conn:  # the listener hears SQLAlchemy's
+            await conn.execute(sa.text("SELECT 'listening'"))
+        await drain(app, lambda: _ran_all(ran, 5), concurrency=2)
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+    assert sorted(ran) == list(range(5))
+    assert "SELECT 'listening'" in through
+    assert not [s for s in through if s.startswith("WITH free")]
+
+
+async def _ran_all(ran: list[int], count: int) -> bool:
+    return len(ran) >= count

@@ -174,6 +174,14 @@ class Dialect(abc.ABC):
         connection; the new rows (id, task, idempotency_key, run_at, created_at)."""
         raise NotImplementedError
 
+    async def rows_on_driver(
+        self, conn: AsyncConnection, stmt: Any, params: dict[str, Any]
+    ) -> list[Any] | None:
+        """The rows of `stmt` (a statement a worker repeats, built once) sent with `params` on
+        the driver of `conn`, an autocommit connection, without SQLAlchemy's statement
+        machinery; None where it cannot go that way (SQLAlchemy sends it then)."""
+        return None
+
     async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
         """The retained rows of `task` with these idempotency keys, on a bare driver
         connection."""

@@ -253,6 +253,33 @@ async def session_driver(session: AsyncSession, conn: AsyncConnection | None = N
     return driver if driver.is_in_transaction() else None
 
 
+_ON_DRIVER: dict[int, tuple[Any, str, list[str], dict[str, Any]]] = {}
+"""Statements expanded for the driver, by the statement's id (the statement is kept with
+its text, so that the id is not reused); a worker has one or two, a process that makes many
+apps (a test suite) more, so it is emptied past _ON_DRIVER_MAX."""
+_ON_DRIVER_MAX = 256
+
+
+def _on_driver(
+    stmt: Any, dialect: sa.Dialect, params: dict[str, Any]
+) -> tuple[str, list[str], dict[str, Any]]:
+    """`stmt` as asyncpg takes it: its text with positional parameters (each element of a
+    list the statement holds, such as a worker's task names, one of them), their names in
+    order, and the values the statement holds (the caller's `p_*` come with each call)."""
+    found = _ON_DRIVER.get(id(stmt))
+    if found is None or found[0] is not stmt:
+        if len(_ON_DRIVER) >= _ON_DRIVER_MAX:
+            _ON_DRIVER.clear()
+        # The values the statement holds are plain (its task names and queues, a NULL): no
+        # type of theirs processes a bound value on Postgres, nor do the rows need one
+        # (timestamptz comes back as aware UTC datetimes, as UTCDateTime returns them).
+        expanded = stmt.compile(dialect=dialect).construct_expanded_state(params)
+        fixed = {k: v for k, v in expanded.parameters.items() if k not in params}
+        found = (stmt, expanded.statement, list(expanded.positiontup or ()), fixed)
+        _ON_DRIVER[id(stmt)] = found
+    return found[1], found[2], found[3]
+
+
 def _driver(conn: AsyncConnection) -> Any:
     """The asyncpg connection under a checked-out connection, at hand without I/O
     (get_raw_connection() would take a greenlet round of its own to answer the same)."""
@@ -497,6 +524,19 @@ class PostgresDialect(Dialect):
 
     async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
         return await tasks_by_keys_on_driver(conn, task, keys)
+
+    async def rows_on_driver(
+        self, conn: AsyncConnection, stmt: Any, params: dict[str, Any]
+    ) -> list[Any] | None:
+        options = conn.sync_connection.get_execution_options()  # type: ignore[union-attr]
+        if options.get("isolation_level") != "AUTOCOMMIT":
+            return None  # a transaction SQLAlchemy holds: its BEGIN is not sent yet
+        driver = _driver(conn)
+        if not isinstance(driver, asyncpg.Connection):
+            return None
+        sql, names, fixed = _on_driver(stmt, conn.dialect, params)
+        args = [params[name] if name in params else fixed[name] for name in names]
+        return _driver_rows(await driver.fetch(sql, *args))
 
     async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
         if bind.dialect.driver != "asyncpg":
