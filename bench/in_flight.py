@@ -19,6 +19,10 @@ three round trips as oncely's worker sends them. It is what this server and mach
 transaction per task at that pool size (the sleep does not bound it: 1000 tasks sleeping
 0.1 s at once are 10,000/s). Skipped, and said so, where no pgbench is installed.
 
+Beside each drain's rate: the CPU time of this process per task (the worker, its sampler,
+the enqueue) and of the whole machine per task (/proc/stat: the server's backends and WAL
+writer too), so that what a task costs the machine shows, not only what it costs the client.
+
 A peer's shape that needs more connections than the server has left is skipped, and the
 output says so. Each system gets a fresh database of its own, dropped at the end. The
 best of --rounds rounds is kept; the load average is printed with every drain (the machine
@@ -268,6 +272,8 @@ class Drain:
     rows: int
     load: float
     cpu: float
+    machine: float = 0.0
+    """CPU ms per task of the whole machine (every process: the server's backends too)."""
 
 
 async def drain(
@@ -281,9 +287,11 @@ async def drain(
     database = system.dsn.rpartition("/")[2]
     with Sampler(base, database) as sampler:
         cpu = time.process_time()
+        busy = machine_busy()
         started = time.perf_counter()
         await system.drain(count, concurrency, shape)
         elapsed = time.perf_counter() - started
+        busy = machine_busy() - busy
         cpu = time.process_time() - cpu
     conn = await asyncpg.connect(probe_dsn(system.dsn))
     try:
@@ -300,7 +308,20 @@ async def drain(
         rows=rows,
         load=os.getloadavg()[0],
         cpu=cpu * 1000 / count,
+        machine=busy * 1000 / count,
     )
+
+
+def machine_busy() -> float:
+    """Seconds of CPU the whole machine spent busy so far, over all its cores (/proc/stat:
+    user, nice, system, irq, softirq and steal time; 0 where there is no /proc)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()[1:9]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1"
@@ -425,12 +446,16 @@ async def add_floor(
     database = f"{args.database_prefix}_floor"
     databases.append(database)
     try:
+        busy = machine_busy()
         rate, how = await floor(base, database, args.tasks, args.pool_size)
+        busy = machine_busy() - busy
     except FileNotFoundError:
         print("  floor skipped: no pgbench is installed", flush=True)
         return "floor skipped: no pgbench is installed"
     load_now = os.getloadavg()[0]
-    results[FLOOR, ""] = Drain(rate, args.pool_size, 0, 0, 0, 0, load_now, 0.0)
+    # The machine's CPU over pgbench's whole run (its setup of a second or so included).
+    machine = busy * 1000 / args.tasks
+    results[FLOOR, ""] = Drain(rate, args.pool_size, 0, 0, 0, 0, load_now, 0.0, machine)
     shapes[FLOOR, ""] = how
     print(f"  {'floor (pgbench)':22} {rate:9,.1f} transactions/s  {how}", flush=True)
     return None
@@ -597,21 +622,21 @@ def print_table(
     mine = results.get(("oncely", ""))
     print(
         "| system | tasks/s | oncely / system | peak connections (any round) | ran (twice) | rows"
-        " | bench process CPU ms / task | load | shape |"
+        " | bench process CPU ms / task | machine CPU ms / task | load | shape |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (row, _), result in results.items():
         ratio = f"{mine.rate / result.rate:.2f}" if mine and row != "oncely, no database" else "n/a"
         if row == FLOOR:
             print(
                 f"| {row} | {result.rate:,.1f} | {ratio} | {result.peak} | - | - | -"
-                f" | {result.load:.2f} | {shapes[row, '']} |"
+                f" | {result.machine:.2f} | {result.load:.2f} | {shapes[row, '']} |"
             )
             continue
         print(
             f"| {row} | {result.rate:,.1f} | {ratio} | {result.peak} | {result.ran}"
-            f" ({result.twice}) | {result.rows} | {result.cpu:.2f} | {result.load:.2f}"
-            f" | {shapes[row, ''] or '-'} |"
+            f" ({result.twice}) | {result.rows} | {result.cpu:.2f} | {result.machine:.2f}"
+            f" | {result.load:.2f} | {shapes[row, ''] or '-'} |"
         )
     for line in skipped:
         print(f"\nskipped: {line}")

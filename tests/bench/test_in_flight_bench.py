@@ -72,10 +72,12 @@ def test_in_flight_bench_counts(postgres_database: str) -> None:
     assert no_db[5] == "0", no_db
     assert 1 <= int(no_db[3]) <= 2, no_db
     assert float(one_row[1].replace(",", "")) > 0, one_row
+    # The machine's CPU per task counts this process's and the server's: at least the first.
+    assert float(one_row[7]) >= float(one_row[6]) > 0, one_row
     # The floor: pgbench sent the same transaction, once per task, on the pool's connections.
     floor = rows["floor: pgbench, the same transaction"]
     assert float(floor[1].replace(",", "")) > 0, floor
-    assert floor[3] == str(QUICK_POOL) and floor[8].startswith(f"{QUICK_TASKS} transactions"), floor
+    assert floor[3] == str(QUICK_POOL) and floor[9].startswith(f"{QUICK_TASKS} transactions"), floor
     # Idle, before and after a burst: the worker keeps within its pool and its own two.
     idle = [line for line in done.stdout.splitlines() if " connections held" in line]
     assert len(idle) == 2, done.stdout
