@@ -314,14 +314,15 @@ async def drain(
 
 def machine_busy() -> float:
     """Seconds of CPU the whole machine spent busy so far, over all its cores (/proc/stat:
-    user, nice, system, irq, softirq and steal time; 0 where there is no /proc)."""
+    user, nice, system, irq and softirq time, not the time the hypervisor gave to another
+    guest; 0 where there is no /proc)."""
     try:
         with open("/proc/stat") as stat:
-            fields = stat.readline().split()[1:9]
+            fields = stat.readline().split()[1:8]
     except OSError:
         return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1"
