@@ -211,3 +211,68 @@ async def test_a_workers_lease_goes_on_the_driver_not_through_sqlalchemy(
 
 async def _ran_all(ran: list[int], count: int) -> bool:
     return len(ran) >= count
+
+
+@pytest.mark.postgres
+async def test_a_tasks_ack_calls_its_function_and_a_v12_database_acks_as_before(
+    pg_app: Oncely, postgres_database: str
+) -> None:
+    """Schema 13's ack is a function the server plans once per connection (a statement
+    sent as text is planned at every task): each task that writes calls it once, and its
+    work commits with it. On schema 12, without the function, tasks ack as before."""
+    app = pg_app
+    async with app.store.engine.begin() as conn:
+        name = (await conn.execute(sa.text("SELECT current_database()"))).scalar_one()
+        await conn.execute(sa.text(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'"))
+    try:
+        await _record_tasks(app, range(0, 6))
+        calls = await _ack_calls(app, at_least=6)
+    finally:
+        async with app.store.engine.begin() as conn:
+            await conn.execute(sa.text(f'ALTER DATABASE "{name}" RESET track_functions'))
+    assert calls == 6
+    async with app.store.engine.begin() as conn:
+        await conn.execute(sa.text("DROP FUNCTION oncely_task_ack(bigint, varchar)"))
+        await conn.execute(sa.text("DELETE FROM oncely_schema WHERE version >= 13"))  # v12
+    older = Oncely(postgres_database, lease=5)
+    try:
+        assert await older.store.schema_version() == 12
+        await _record_tasks(older, range(6, 10))
+        assert await effects(older) == list(range(10))
+    finally:
+        await older.aclose()
+
+
+async def _record_tasks(app: Oncely, numbers: range) -> None:
+    """Enqueue `record(n)` for each number and drain them: each task inserts its row."""
+
+    @app.task
+    async def record(db, n: int):  # type: ignore[no-untyped-def]
+        await db.execute(INSERT, {"n": n})
+
+    await in_tx(app, lambda db: record.enqueue_many(db, [{"n": n} for n in numbers]))
+    await drain(app, lambda: _has_effects(app, numbers[-1]), concurrency=2, pool_size=2)
+    async with app.store.engine.connect() as conn:
+        states = await conn.execute(sa.text("SELECT DISTINCT state FROM oncely_tasks"))
+        assert [s for (s,) in states] == ["succeeded"]
+
+
+async def _has_effects(app: Oncely, last: int) -> bool:
+    return last in await effects(app)
+
+
+async def _ack_calls(app: Oncely, *, at_least: int) -> int:
+    """Calls of the ack's function the server counted, once the worker's connections closed
+    and flushed their counts (read until there are `at_least`, for at most 30 s)."""
+    query = sa.text(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+        "WHERE funcname = 'oncely_task_ack'"
+    )
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        async with app.store.engine.connect() as conn:
+            await conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+            calls = int((await conn.execute(query)).scalar_one())
+        if calls >= at_least or asyncio.get_running_loop().time() > deadline:
+            return calls
+        await asyncio.sleep(0.1)

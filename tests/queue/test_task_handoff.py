@@ -35,7 +35,7 @@ class Messages:
     def kind(self, query: str) -> str | None:
         if "synchronous_commit TO on" not in query:
             return None
-        return "with a COMMIT" if "acked" in query else "alone"
+        return "with a COMMIT" if "; COMMIT" in query else "alone"
 
 
 @pytest.fixture

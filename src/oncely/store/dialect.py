@@ -203,6 +203,11 @@ class Dialect(abc.ABC):
         """Schema 12's statements: the NOTIFY trigger names the enqueueing transaction."""
         return ()
 
+    def ack_ddl(self) -> Sequence[str]:
+        """Schema 13's statements: a task's ack as a function the server plans once per
+        connection (see `ack_and_commit`)."""
+        return ()
+
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         """An engine on which oncely runs an attempt's transaction on the driver itself, or
         None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
@@ -389,12 +394,19 @@ class Dialect(abc.ABC):
         return None
 
     async def ack_and_commit(
-        self, driver: Any, task_id: int, token: str, *, begin_next: bool = False
+        self,
+        driver: Any,
+        task_id: int,
+        token: str,
+        *,
+        begin_next: bool = False,
+        function: bool = False,
     ) -> bool:
         """On a driver `begin_task` returned: mark the task succeeded iff its lease is still
         ours and commit the task's work with it; False (rolled back) if the lease was lost.
         With `begin_next`, the next task's transaction begins in the same round trip, after
-        the COMMIT (for a task waiting for this connection)."""
+        the COMMIT (for a task waiting for this connection). With `function` (schema 13),
+        the ack calls the database's function, whose plan the server keeps."""
         raise NotImplementedError
 
     async def rollback_task(self, driver: Any) -> None:

@@ -144,6 +144,13 @@ def _v12_wake(conn: Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
+def _v13_ack(conn: Connection) -> None:
+    # A function only (Postgres): a task's ack, planned once per connection instead of at
+    # every task. This oncely acks as before on v12 (`Store.has_ack_function`).
+    for statement in dialect_for(conn.dialect.name).ack_ddl():
+        conn.exec_driver_sql(statement)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -159,6 +166,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (10, "indexes: available tasks by run_at, claims by (job, slot)", _v10_indexes),
     (11, "oncely_task_errors: every failed task attempt's error", _v11_task_errors),
     (12, "the NOTIFY trigger names the enqueueing transaction (workers take turns)", _v12_wake),
+    (13, "oncely_task_ack(): a task's ack, planned once per connection", _v13_ack),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -175,6 +183,10 @@ DUPLICATES = 8
 TASK_ERRORS = 11
 """The schema version that holds oncely_task_errors: older databases keep only each task's
 last error (on its row), and record no history."""
+
+ACK_FUNCTION = 13
+"""The schema version that holds oncely_task_ack() (Postgres): older databases get the ack as
+a statement of its own, planned at every task."""
 
 REQUIRED = 9
 """The oldest schema this oncely runs on. v4 and v9 add columns that this oncely's enqueue

@@ -203,16 +203,37 @@ TASK_ACK_AND_COMMIT = (
     "AND (concurrency IS NULL OR lease_expires_at > clock_timestamp()) RETURNING 1) "
     "SELECT 1 / count(*) FROM acked; COMMIT"
 )
+# Schema 13: the same ack as a function, so that the server plans its UPDATE once per
+# connection (plpgsql keeps the plan) instead of at every task: the UPDATE's planning, with the
+# table's ten partial indexes to weigh, cost more server CPU than its run (0.33-0.34 ms against
+# 0.13-0.15 ms per ack, BEGIN and COMMIT included). A lost lease raises no_data_found (P0002).
+TASK_ACK_FUNCTION_DDL = (
+    """
+    CREATE OR REPLACE FUNCTION oncely_task_ack(p_id bigint, p_token varchar) RETURNS void AS $$
+    BEGIN
+        UPDATE oncely_tasks SET state = 'succeeded', finished_at = clock_timestamp(),
+            lease_expires_at = NULL
+        WHERE id = p_id AND lease_token = p_token AND state = 'running'
+            AND (concurrency IS NULL OR lease_expires_at > clock_timestamp());
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the task''s lease was lost' USING ERRCODE = 'no_data_found';
+        END IF;
+    END;
+    $$ LANGUAGE plpgsql
+    """,
+)
+TASK_ACK_CALL_AND_COMMIT = "SELECT oncely_task_ack({id:d}, '{token}'); COMMIT"
 # The two values above are written into the message, not bound: a simple query (the only kind
 # that carries a COMMIT with it) takes no parameters. Both are oncely's own: the task's id (an
 # int) and the worker's lease token, which must match this pattern (see TaskWorker.token).
 _TOKEN = re.compile(r"[0-9a-f]{1,32}\.[0-9]{1,20}")
 
 
-def _task_ack_sql(task_id: int, token: str) -> str:
+def _task_ack_sql(task_id: int, token: str, *, function: bool = False) -> str:
     if not isinstance(task_id, int) or not _TOKEN.fullmatch(token):
         raise BadInputError(f"not a task id and lease token: {task_id!r}, {token!r}")
-    return TASK_ACK_AND_COMMIT.format(id=task_id, token=token)
+    sql = TASK_ACK_CALL_AND_COMMIT if function else TASK_ACK_AND_COMMIT
+    return sql.format(id=task_id, token=token)
 
 
 # -- a caller's AsyncSession on asyncpg -------------------------------------------------------
@@ -441,12 +462,18 @@ class PostgresDialect(Dialect):
         return driver
 
     async def ack_and_commit(
-        self, driver: Any, task_id: int, token: str, *, begin_next: bool = False
+        self,
+        driver: Any,
+        task_id: int,
+        token: str,
+        *,
+        begin_next: bool = False,
+        function: bool = False,
     ) -> bool:
-        sql = _task_ack_sql(task_id, token)
+        sql = _task_ack_sql(task_id, token, function=function)
         try:
             await driver.execute(f"{sql}; {TASK_BEGIN}" if begin_next else sql)
-        except asyncpg.DivisionByZeroError:
+        except (asyncpg.DivisionByZeroError, asyncpg.NoDataFoundError):
             await driver.execute("ROLLBACK")
             return False
         return True
@@ -548,6 +575,9 @@ class PostgresDialect(Dialect):
 
     def wake_ddl(self) -> Sequence[str]:
         return TASKS_NOTIFY_TXID_DDL
+
+    def ack_ddl(self) -> Sequence[str]:
+        return TASK_ACK_FUNCTION_DDL
 
     def foreign_driver(self, dbapi_connection: object) -> str:
         module = type(dbapi_connection).__module__

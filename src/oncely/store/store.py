@@ -43,7 +43,15 @@ from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
-from .migrations import CONTROL, DUPLICATES, LATEST, REQUIRED, TASK_ERRORS, apply_migrations
+from .migrations import (
+    ACK_FUNCTION,
+    CONTROL,
+    DUPLICATES,
+    LATEST,
+    REQUIRED,
+    TASK_ERRORS,
+    apply_migrations,
+)
 from .outcome import task_landed
 from .plan import run, run_async
 from .session import (
@@ -164,6 +172,11 @@ class Store:
     def has_task_errors(self) -> bool:
         """Whether the database keeps every failed task attempt's error (schema 11)."""
         return self._version is not None and self._version >= TASK_ERRORS
+
+    @property
+    def has_ack_function(self) -> bool:
+        """Whether the database has the task ack's function (schema 13, Postgres)."""
+        return self._version is not None and self._version >= ACK_FUNCTION
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool

@@ -52,6 +52,9 @@ class Ledger(Protocol):
     @property
     def has_task_errors(self) -> bool: ...
 
+    @property
+    def has_ack_function(self) -> bool: ...
+
     async def _read(self, stmt: Any) -> list[Any]: ...
 
     @property
@@ -383,7 +386,11 @@ class TaskTransaction:
                 # A task waits for a connection: its transaction begins with this COMMIT.
                 begin_next = self.pool.waiting
                 acked = await self.dialect.ack_and_commit(
-                    self._driver, item.id, item.token, begin_next=begin_next
+                    self._driver,
+                    item.id,
+                    item.token,
+                    begin_next=begin_next,
+                    function=self.tasks.store.has_ack_function,
                 )
                 self._next_begun = acked and begin_next and self._driver.is_in_transaction()
                 return acked
