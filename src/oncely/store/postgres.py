@@ -205,8 +205,9 @@ TASK_ACK_AND_COMMIT = (
 )
 # Schema 13: the same ack as a function, so that the server plans its UPDATE once per
 # connection (plpgsql keeps the plan) instead of at every task: the UPDATE's planning, with the
-# table's ten partial indexes to weigh, cost more server CPU than its run (0.33-0.34 ms against
-# 0.13-0.15 ms per ack, BEGIN and COMMIT included). A lost lease raises no_data_found (P0002).
+# table's ten partial indexes to weigh, cost more server CPU than its run (on one connection,
+# 0.175-0.23 ms of the backend's CPU per ack transaction as text against 0.075-0.115 ms through
+# the function; docs/scale.md). A lost lease raises no_data_found (P0002).
 TASK_ACK_FUNCTION_DDL = (
     """
     CREATE OR REPLACE FUNCTION oncely_task_ack(p_id bigint, p_token varchar) RETURNS void AS $$
