@@ -11,6 +11,7 @@ import logging
 import re
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
@@ -275,11 +276,10 @@ async def session_driver(session: AsyncSession, conn: AsyncConnection | None = N
     return driver if driver.is_in_transaction() else None
 
 
-_ON_DRIVER: dict[int, tuple[Any, str, list[str], dict[str, Any]]] = {}
-"""Statements expanded for the driver, by the statement's id (the statement is kept with
-its text, so that the id is not reused); a worker has one or two, a process that makes many
-apps (a test suite) more, so it is emptied past _ON_DRIVER_MAX."""
-_ON_DRIVER_MAX = 256
+_ON_DRIVER: weakref.WeakKeyDictionary[Any, tuple[str, list[str], dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Statements expanded for the driver, for as long as their statement lives."""
 
 
 def _on_driver(
@@ -288,18 +288,15 @@ def _on_driver(
     """`stmt` as asyncpg takes it: its text with positional parameters (each element of a
     list the statement holds, such as a worker's task names, one of them), their names in
     order, and the values the statement holds (the caller's `p_*` come with each call)."""
-    found = _ON_DRIVER.get(id(stmt))
-    if found is None or found[0] is not stmt:
-        if len(_ON_DRIVER) >= _ON_DRIVER_MAX:
-            _ON_DRIVER.clear()
+    found = _ON_DRIVER.get(stmt)
+    if found is None:
         # The values the statement holds are plain (its task names and queues, a NULL): no
         # type of theirs processes a bound value on Postgres, nor do the rows need one
         # (timestamptz comes back as aware UTC datetimes, as UTCDateTime returns them).
         expanded = stmt.compile(dialect=dialect).construct_expanded_state(params)
         fixed = {k: v for k, v in expanded.parameters.items() if k not in params}
-        found = (stmt, expanded.statement, list(expanded.positiontup or ()), fixed)
-        _ON_DRIVER[id(stmt)] = found
-    return found[1], found[2], found[3]
+        found = _ON_DRIVER[stmt] = (expanded.statement, list(expanded.positiontup or ()), fixed)
+    return found
 
 
 def _driver(conn: AsyncConnection) -> Any:
