@@ -206,13 +206,10 @@ class Oncely(System):
         await conn.close()
 
     async def enqueue_one(self, task: str, n: int) -> None:
-        # One transaction per task on a held session (the peers hold a connection too).
-        if self.held is None:
-            self.held = self.session(self.app.store.engine)
-        async with self.held.begin():
-            await self.tasks[task].enqueue(self.held, n=n)
+        await self.enqueue_sent(task, n)
 
     async def enqueue_sent(self, task: str, n: int) -> float:
+        # One transaction per task on a held session (the peers hold a connection too).
         if self.held is None:
             self.held = self.session(self.app.store.engine)
         async with self.held.begin():
