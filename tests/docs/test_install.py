@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import zipfile
 import urllib.request
 from pathlib import Path
 
@@ -125,6 +126,9 @@ def test_the_dockerfile_install_line_works_in_a_clean_venv(pypi: None, tmp_path:
     run([sys.executable, "-m", "build", "--wheel", "--outdir", str(project / "wheels"), str(ROOT)],
         cwd=ROOT)  # fmt: skip
     assert [p.name for p in (project / "wheels").iterdir()] == ["oncely-0.1.0-py3-none-any.whl"]
+    # PEP 561: the wheel says it is typed, so users' type checkers read oncely's annotations.
+    with zipfile.ZipFile(project / "wheels" / "oncely-0.1.0-py3-none-any.whl") as wheel:
+        assert "oncely/py.typed" in wheel.namelist()
     bin_ = venv(tmp_path / "venv")
     argv = shlex.split(dockerfile_run_line())
     assert argv[0] == "pip"

@@ -209,13 +209,13 @@ def test_cloudformation_output_passes_cfn_lint(tmp_path: pytest.TempPathFactory)
     good, broken = tmp_path / "schedules.yaml", tmp_path / "broken.yaml"  # type: ignore[operator]
     good.write_text(result.stdout)
     # A broken template fails the same check, so the lint is not a no-op (one cfn-lint start).
-    broken.write_text(result.stdout.replace('Mode: "OFF"', 'Mode: "SOMETIMES"'))
+    broken.write_text(result.stdout.replace("Mode: 'OFF'", "Mode: SOMETIMES"))
     lint = subprocess.run(["cfn-lint", str(good), str(broken)], capture_output=True, text=True)
     report = lint.stdout + lint.stderr
     assert str(broken) in report
     assert str(good) not in report, report
     assert "cron(0 18 ? * 6 *)" in result.stdout
-    assert '"America/Mexico_City"' in result.stdout
+    assert "ScheduleExpressionTimezone: America/Mexico_City" in result.stdout
     assert "<aws.scheduler.scheduled-time>" in result.stdout
     assert result.stdout.count("AWS::Scheduler::Schedule") == 7
     # The New York 02:30 job is exported, with a warning naming it and the gap.

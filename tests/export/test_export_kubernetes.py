@@ -142,11 +142,11 @@ def test_kubernetes_output_passes_kubernetes_validate(tmp_path: Path) -> None:
         text=True,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert result.stdout.count('kind: "CronJob"') == len(EXPORTABLE)
-    assert 'schedule: "0 18 * * 5"' in result.stdout
-    assert 'timeZone: "America/Mexico_City"' in result.stdout
-    assert 'concurrencyPolicy: "Forbid"' in result.stdout
-    assert 'schedule: "*/5 * * * *"' in result.stdout and 'timeZone: "UTC"' in result.stdout
+    assert result.stdout.count("kind: CronJob") == len(EXPORTABLE)
+    assert "schedule: 0 18 * * 5" in result.stdout
+    assert "timeZone: America/Mexico_City" in result.stdout
+    assert "concurrencyPolicy: Forbid" in result.stdout
+    assert "schedule: '*/5 * * * *'" in result.stdout and "timeZone: UTC" in result.stdout
     assert "warning: job 'nightly_230': Kubernetes CronJob in America/New_York" in result.stderr
     # The validator does reject a manifest with an unknown field (the check can fail).
     manifests.write_text(result.stdout.replace("concurrencyPolicy:", "concurrencyPolicyy:"))

@@ -82,7 +82,7 @@ def test_partial_outputs_pass_the_real_validators(tmp_path: Path) -> None:
         pytest.fail("kubernetes-validate / cfn-lint are missing: pip install -e '.[test]'")
     k8s = oncely("export", "kubernetes", "--image", "app:1")
     assert k8s.returncode == 0, k8s.stderr
-    assert k8s.stdout.count('kind: "CronJob"') == len(ALL) - len(REFUSED["kubernetes"])
+    assert k8s.stdout.count("kind: CronJob") == len(ALL) - len(REFUSED["kubernetes"])
     (tmp_path / "cronjobs.yaml").write_text(k8s.stdout)
     check = subprocess.run(
         ["kubernetes-validate", "--strict", "--quiet", str(tmp_path / "cronjobs.yaml")],

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from export_helpers import HERE, oncely
 
 ARGS = [
@@ -67,3 +68,21 @@ def test_cronjob_command_runs_the_latest_due_slot_once(db_url: str) -> None:
     assert first.stdout.startswith("ran leaderboard_close slot ")
     assert second.stdout.startswith("skipped leaderboard_close slot ")
     assert first.stdout.split()[3] == second.stdout.split()[3]  # the same slot
+
+
+def test_yaml_export_without_pyyaml_says_so_and_json_still_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyYAML is the `export` extra: without it a YAML export is one line and exit 2, with
+    nothing on stdout; the same export as JSON needs nothing more."""
+    monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` raises ImportError
+    yaml_out = oncely("export", "kubernetes", "--image", "app:1", "--job", "every_two_hours")
+    assert yaml_out.returncode == 2
+    assert yaml_out.stdout == ""
+    assert "export` extra" in yaml_out.stderr and "--format json" in yaml_out.stderr
+    assert "Traceback" not in yaml_out.stderr
+    as_json = oncely(
+        "export", "kubernetes", "--image", "app:1", "--job", "every_two_hours", "--format", "json"
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    assert [item["kind"] for item in json.loads(as_json.stdout)["items"]] == ["CronJob"]

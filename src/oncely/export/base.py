@@ -9,7 +9,6 @@ the job, the target and the construct it cannot say.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -387,50 +386,32 @@ def command(job: str, app_spec: str | None, now: str | None = None) -> list[str]
     return argv
 
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+class _YamlMissingError(ConfigError):
+    """YAML output needs PyYAML: install oncely's `export` extra, or ask for --format json."""
 
 
-def to_yaml(value: object, indent: int = 0) -> str:
-    """Plain data as block YAML; every string is double-quoted (JSON escaping is valid YAML)."""
-    pad = " " * indent
-    if isinstance(value, dict):
-        if not value:
-            return pad + "{}"
-        lines = []
-        for key, item in value.items():
-            k = key if _PLAIN_KEY.match(key) else json.dumps(key)
-            if isinstance(item, (dict, list)) and item:
-                lines.append(f"{pad}{k}:")
-                lines.append(to_yaml(item, indent + 2))
-            else:
-                lines.append(f"{pad}{k}: {_scalar(item)}")
-        return "\n".join(lines)
-    if isinstance(value, list):
-        if not value:
-            return pad + "[]"
-        lines = []
-        for item in value:
-            if isinstance(item, (dict, list)) and item:
-                nested = to_yaml(item, indent + 2)
-                lines.append(f"{pad}- {nested.lstrip()}")
-            else:
-                lines.append(f"{pad}- {_scalar(item)}")
-        return "\n".join(lines)
-    return pad + _scalar(value)
+def to_yaml(value: object) -> str:
+    """Plain data as block YAML: PyYAML's safe dumper, keys in their given order, lists
+    indented under their key. A string that YAML would read back as something else (`OFF`,
+    `2010-09-09`, `3`) is quoted by the dumper's own resolver."""
+    try:
+        import yaml  # the `export` extra: only YAML output needs it
+    except ImportError as exc:
+        raise _YamlMissingError() from exc
 
+    class _Dumper(yaml.SafeDumper):
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            super().increase_indent(flow, False)  # `- item` two spaces under its key
 
-def _scalar(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list):
-        return "[]"
-    return json.dumps(str(value), ensure_ascii=False)
+    text: str = yaml.dump(
+        value,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=1_000_000,  # never fold a long value (a JSON `Input`) over lines
+    )
+    return text.rstrip("\n")
 
 
 def standard_cron(job: Job, fields: CronFields, target: str) -> str:
