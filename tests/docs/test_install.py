@@ -12,8 +12,8 @@ import re
 import shlex
 import subprocess
 import sys
-import zipfile
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
