@@ -25,7 +25,7 @@ from .pages import (
     task_filter,
     tasks_page_context,
 )
-from .render import Settings, csrf_ok, error, page, redirect
+from .render import Settings, error, forged, page, redirect
 
 BULK_MAX = 1000
 """The most tasks one bulk action changes (the confirmation says how many match)."""
@@ -42,7 +42,8 @@ def action(
     name: str | None, handler: Handler
 ) -> Callable[[Settings, Request], Awaitable[Response]]:
     """A POST endpoint: access, permission for `name` (None: decided by the handler from
-    the form), CSRF; then the handler. An OncelyError becomes an error page."""
+    the form), same origin and the session's CSRF token; then the handler. An OncelyError
+    becomes an error page."""
 
     async def endpoint(settings: Settings, request: Request) -> Response:
         granted = await guard(settings, request)
@@ -52,14 +53,9 @@ def action(
         try:
             if name is not None and not granted.may(name):
                 return error(settings, request, 403, _not_allowed(name), granted)
-            if not csrf_ok(request, form):
-                return error(
-                    settings,
-                    request,
-                    403,
-                    "missing or wrong CSRF token: nothing changed (reload the page and retry)",
-                    granted,
-                )
+            refused = forged(settings, request, form)
+            if refused is not None:
+                return error(settings, request, 403, refused, granted)
             return await handler(settings, request, granted, form)
         except UnknownJobError as exc:
             return error(settings, request, 404, f"{exc}: nothing changed", granted)

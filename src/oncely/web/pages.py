@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import clock
-from ..errors import BadInputError, OncelyError, UnknownJobError
+from ..errors import BadInputError, DatabaseError, UnknownJobError
 from ..explain import explain_slot
 from ..model import Pause, TaskRecord, TaskState
 from ..registry import Job
@@ -328,7 +328,7 @@ async def audit_page(settings: Settings, request: Request) -> Response:
         entries = await settings.app.store.views.audit(
             job=job, action=action, actor=actor, before=before, limit=PAGE_SIZE + 1
         )
-    except OncelyError as exc:
+    except (BadInputError, DatabaseError) as exc:  # a filter the database refuses
         return error(settings, request, 400, str(exc), granted)
     more = entries[PAGE_SIZE - 1].id if len(entries) > PAGE_SIZE else None
     query = {k: v for k, v in request.query_params.items() if k != "before" and v}
