@@ -108,7 +108,8 @@ def _ran(results: list[RunResult]) -> str:
 
 async def run(settings: Settings, request: Request, access: Access, form: FormData) -> Response:
     """Run one slot now (default: the latest due one), as a one-slot backfill: its claim,
-    its transaction, its audit row; a slot that ran before is not run again."""
+    its transaction, its audit row (action `run_slot`); a slot that ran before is not run
+    again."""
     app = settings.app
     name = request.path_params["job"]
     job = app.registry.job(name)
@@ -122,7 +123,12 @@ async def run(settings: Settings, request: Request, access: Access, form: FormDa
             f"{slot.at.isoformat()}): nothing ran"
         )
     results = await app.backfill(
-        job.name, at, at + timedelta(microseconds=1), actor=access.actor, reason=_reason(form)
+        job.name,
+        at,
+        at + timedelta(microseconds=1),
+        actor=access.actor,
+        reason=_reason(form),
+        audit_as="run_slot",
     )
     failed = [r for r in results if r.status in (RunStatus.FAILED, RunStatus.TIMEOUT)]
     text = f"run {name} slot {at.isoformat()}: {_ran(results)}"
