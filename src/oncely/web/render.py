@@ -161,6 +161,7 @@ def page(
         title=settings.title,
         flash=urllib.parse.unquote(flash) if flash else None,
         database=settings.app.store.display_url,
+        login=settings.token is not None,
         **context,
     )
     return _finish(request, HTMLResponse(html, status_code=status))
