@@ -120,9 +120,9 @@ async def test_a_post_from_another_origin_is_refused(web: Web, headers: dict[str
     r = await board.client.post("/jobs/hourly/pause", data={"csrf": token}, headers=headers)
     assert r.status_code == 403 and "another origin" in error_text(r.text)
     assert web.rows("SELECT job FROM oncely_pauses") == []
-    same = {"Origin": "http://dash", "Sec-Fetch-Site": "same-origin"}
-    r = await board.client.post("/jobs/hourly/pause", data={"csrf": token}, headers=same)
-    assert r.status_code == 303
+    proxied = {"Origin": "https://jobs.example", "Sec-Fetch-Site": "same-origin"}
+    r = await board.client.post("/jobs/hourly/pause", data={"csrf": token}, headers=proxied)
+    assert r.status_code == 303  # the browser's word: a proxy rewrote the Host
 
 
 @pytest.mark.parametrize("path", ["/", "/jobs/hourly", "/tasks", "/login", "/static/oncely.css"])
@@ -180,3 +180,14 @@ async def test_the_error_page_answers_while_the_database_is_away(path: str) -> N
     text = error_text(r.text)
     assert "s3cret-pw" not in r.text
     assert "reload" in text
+
+
+async def test_an_unexpected_failure_is_the_error_page_not_a_bare_500(web: Web) -> None:
+    def broken(_request: object) -> str:
+        raise RuntimeError("the resolver broke")
+
+    board = dashboard(web.app, permissions=broken)
+    transport = httpx.ASGITransport(app=board, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+        r = await client.get("/")
+    assert r.status_code == 500 and "RuntimeError" in error_text(r.text)

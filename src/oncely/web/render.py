@@ -104,12 +104,13 @@ def csrf_token(settings: Settings, request: Request) -> str:
 
 
 def cross_origin(request: Request) -> bool:
-    """Whether the browser says this request comes from another origin (`Sec-Fetch-Site`,
-    else `Origin` against the `Host` it was sent to). A client that sends neither (curl,
-    a script with a bearer token) is no browser a page can drive."""
+    """Whether the browser says this request comes from another origin (`Sec-Fetch-Site`;
+    from a browser too old to send it, `Origin` against the `Host` it was sent to). A
+    client that sends neither (curl, a script with a bearer token) is no browser a page
+    can drive."""
     site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in ("same-origin", "none"):
-        return True
+    if site is not None:  # no page can set it; a proxy that rewrites Host leaves it be
+        return site not in ("same-origin", "none")
     origin = request.headers.get("origin")
     if origin is None:
         return False
