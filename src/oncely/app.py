@@ -534,10 +534,12 @@ class Oncely:
         reason: str | None = None,
         stop: asyncio.Event | None = None,
         on_result: Callable[[RunResult], None] | None = None,
+        audit_as: str = "backfill",
     ) -> list[RunResult]:
         """Run the free slots of `job` in [start, end), oldest first, each as `run(now=slot)`
-        would (its claim, its transaction: a slot that ran is skipped); one audit row. A set
-        `stop` ends it after the current slot. The jobs's pause does not stop a backfill."""
+        would (its claim, its transaction: a slot that ran is skipped); one audit row, whose
+        action is `audit_as` (the dashboard's "Run slot now" says `run_slot`). A set `stop`
+        ends it after the current slot. The jobs's pause does not stop a backfill."""
         plan = await self.backfill_plan(job, start, end, max_slots=max_slots)
         definition = self.registry.job(job)
         results: list[RunResult] = []
@@ -556,7 +558,7 @@ class Oncely:
         if len(results) < len(free):
             summary += f"; stopped after {len(results)} of {len(free)} free slots"
         target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
-        action = self._action("backfill", definition.name, target, actor, reason)
+        action = self._action(audit_as, definition.name, target, actor, reason)
         await self.store.control.audited(action, summary)
         return results
 

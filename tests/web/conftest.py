@@ -33,16 +33,15 @@ class Board:
     async def get(self, path: str, **params: Any) -> httpx.Response:
         return await self.client.get(self.prefix + path, params=params or None)
 
-    @property
-    def csrf(self) -> str:
-        return self.client.cookies.get("oncely_csrf") or ""
+    async def csrf(self) -> str:
+        """The CSRF token the dashboard's forms carry now (bound to this client's session)."""
+        m = re.search(r'name="csrf" value="([^"]+)"', (await self.get("/login")).text)
+        return m.group(1) if m else ""
 
     async def post(self, path: str, *, with_csrf: bool = True, **data: Any) -> httpx.Response:
-        """POST a form, with the CSRF token of the cookie (a GET sets it first if need be)."""
-        if with_csrf and not self.csrf:
-            await self.get("/login")
+        """POST a form, with the CSRF token of the page's forms (read from the login page)."""
         if with_csrf:
-            data.setdefault("csrf", self.csrf)
+            data.setdefault("csrf", await self.csrf())
         return await self.client.post(self.prefix + path, data=data)
 
 
@@ -81,6 +80,13 @@ class Web:
         self.clients.append(client)
         return Board(client, prefix)
 
+    def twin(self, board: Board) -> Board:
+        """Another browser (its own cookies) on the same dashboard as `board`."""
+        transport = board.client._transport
+        client = httpx.AsyncClient(transport=transport, base_url="http://dash")
+        self.clients.append(client)
+        return Board(client, board.prefix)
+
     def now(self) -> datetime:
         if self.db_url.startswith("postgres"):
             return self.rows("SELECT clock_timestamp()")[0][0]  # type: ignore[no-any-return]
@@ -116,6 +122,13 @@ def attrs(html: str, testid: str, attr: str | None = None) -> list[str]:
         m = re.search(rf'{re.escape(attr)}="([^"]*)"', tag)
         found.append(m.group(1) if m else "")
     return found
+
+
+def form_token(html: str) -> str:
+    """The CSRF token in a page's forms."""
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m is not None, "no form with a CSRF token on the page"
+    return m.group(1)
 
 
 def error_text(html: str) -> str:

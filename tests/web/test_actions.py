@@ -64,7 +64,7 @@ async def test_run_now_runs_one_slot_once_and_is_audited(web: Web) -> None:
     r = await board.post("/jobs/hourly/run", slot=slot.isoformat())
     assert "nothing to run" in await _flash(board, r)
     assert _effects(web, "hourly") == [slot.strftime("%Y-%m-%dT%H:%M:%SZ")]
-    assert [a[0] for a in web.audit()] == ["backfill", "backfill"]
+    assert [a[0] for a in web.audit()] == ["run_slot", "run_slot"]  # not a backfill
     assert {a[2] for a in web.audit()} == {"ana@ops"}
     r = await board.post("/jobs/hourly/run")  # the latest due slot
     assert "ran 1" in await _flash(board, r)

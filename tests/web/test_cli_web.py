@@ -16,6 +16,7 @@ import httpx
 import pytest
 from tests.conftest import ROOT, run_cli
 from tests.reliability.helpers import engine_for
+from tests.web.conftest import form_token
 
 APP = "tests.apps.web_app:app"
 
@@ -106,18 +107,17 @@ def test_serves_read_only_on_127_0_0_1_by_default(migrated: str) -> None:
         page = httpx.get(f"{url}/")
         assert page.status_code == 200 and 'data-job="hourly"' in page.text
         assert 'data-mode="read-only"' in page.text
-        csrf = page.cookies["oncely_csrf"]
-        r = httpx.post(
-            f"{url}/jobs/hourly/pause", data={"csrf": csrf}, cookies={"oncely_csrf": csrf}
-        )
+        login = httpx.get(f"{url}/login")
+        cookies, csrf = dict(login.cookies), form_token(login.text)
+        r = httpx.post(f"{url}/jobs/hourly/pause", data={"csrf": csrf}, cookies=cookies)
         assert r.status_code == 403
     assert _rows(migrated, "SELECT job FROM oncely_pauses") == []
 
 
 def test_actions_with_the_token_only(migrated: str) -> None:
     with _serve(migrated, "--allow-actions", ONCELY_WEB_TOKEN="t0ken-xyz") as (url, _proc):
-        csrf = httpx.get(f"{url}/login").cookies["oncely_csrf"]
-        form, cookies = {"csrf": csrf}, {"oncely_csrf": csrf}
+        page = httpx.get(f"{url}/login")
+        form, cookies = {"csrf": form_token(page.text)}, dict(page.cookies)
         wrong = {"Authorization": "Bearer nope"}
         r = httpx.post(f"{url}/jobs/hourly/pause", data=form, cookies=cookies, headers=wrong)
         assert r.status_code == 403
@@ -127,3 +127,16 @@ def test_actions_with_the_token_only(migrated: str) -> None:
         assert "t0ken-xyz" not in httpx.get(f"{url}/audit", headers=right).text
     rows = _rows(migrated, "SELECT action, actor FROM oncely_audit")
     assert rows == [("pause", "web:token@127.0.0.1")]
+
+
+def test_a_host_other_than_the_bound_one_is_refused(migrated: str) -> None:
+    """DNS rebinding: a page whose own name now resolves to 127.0.0.1 sends its name as
+    Host; the server answers it nothing but 400 (and what it was bound to, as usual)."""
+    with _serve(migrated, "--allowed-host", "board.example") as (url, _proc):
+        port = url.rsplit(":", 1)[1]
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.2", "localhost.evil"):
+            r = httpx.get(f"{url}/", headers={"Host": host})
+            assert r.status_code == 400 and 'data-job="hourly"' not in r.text, host
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "board.example", "[::1]"):
+            r = httpx.get(f"{url}/", headers={"Host": host})
+            assert r.status_code == 200 and 'data-job="hourly"' in r.text, host

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from tests.web.conftest import HOUR, Web, attrs
+from tests.web.conftest import HOUR, Web, allow_all, attrs
 
 from oncely import RetryPolicy
 from oncely.queue import worker
@@ -158,7 +158,8 @@ async def test_tasks_page_by_keyset_with_filters(web: Web) -> None:
     assert attrs(html, "task-row", "data-task-id") == [str(ids[8])]
     html = (await board.get("/tasks", state="dead")).text
     assert attrs(html, "task-row") == []
-    assert 'data-testid="task-filter"' in html and 'data-testid="bulk"' in html
+    assert 'data-testid="task-filter"' in html and 'data-testid="bulk"' not in html  # read-only
+    assert 'data-testid="read-only"' in html
 
 
 async def test_task_page_shows_arguments_attempts_error_and_lease(web: Web) -> None:
@@ -173,8 +174,11 @@ async def test_task_page_shows_arguments_attempts_error_and_lease(web: Web) -> N
     assert json.loads(args.replace("&#34;", '"')) == {"order_id": 0}
     assert "Traceback (most recent call last)" in html and "ValueError: bad order" in html
     assert attrs(html, "task", "data-state") == ["dead"]
-    for button in ("retry", "discard", "cancel"):
-        assert len(attrs(html, button)) == 1
+    for button in ("retry", "discard", "cancel"):  # read-only: no button, and why
+        assert attrs(html, button) == []
+    assert len(attrs(html, "read-only")) == 1
+    acting = (await web.board(permissions=allow_all).get(f"/tasks/{task_id}")).text
+    assert [len(attrs(acting, b)) for b in ("retry", "discard", "cancel")] == [1, 1, 0]
 
 
 async def test_task_page_lists_every_failed_attempt_newest_first(web: Web) -> None:

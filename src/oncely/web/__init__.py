@@ -15,12 +15,21 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..app import Oncely
+from ..errors import (
+    BadInputError,
+    DatabaseUnavailableError,
+    OncelyError,
+    SchemaMissingError,
+    SchemaTooNewError,
+)
 from . import actions, pages
 from .access import (
     ACTIONS,
@@ -29,13 +38,14 @@ from .access import (
     Grant,
     Permission,
     Resolver,
+    Sessions,
+    client_of,
     new_secret,
     read_only,
     same,
-    session_value,
     token_resolver,
 )
-from .render import Redactor, Settings, base, csrf_ok, error, page, redirect
+from .render import Redactor, Settings, base, error, forged, page, redirect
 
 __all__ = ["ACTIONS", "Grant", "Permission", "Resolver", "dashboard"]
 
@@ -59,9 +69,14 @@ def dashboard(
     `redact(task_name, args)` returns what the pages show of a task's arguments.
     """
     key = new_secret().encode()
+    sessions = Sessions()
     if permissions is None:
-        permissions = token_resolver(token, allow_actions=True, key=key) if token else read_only
-    settings = Settings(app=app, resolver=permissions, redact=redact, key=key, token=token)
+        permissions = (
+            token_resolver(token, allow_actions=True, sessions=sessions) if token else read_only
+        )
+    settings = Settings(
+        app=app, resolver=permissions, redact=redact, key=key, token=token, sessions=sessions
+    )
     static = resources.files("oncely.web") / "static"
 
     def bind(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
@@ -92,7 +107,65 @@ def dashboard(
         Route("/audit", bind(pages.audit_page)),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={
+            OncelyError: functools.partial(failed, settings),
+            Exception: functools.partial(broken, settings),
+        },
+    )
+
+
+HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (
+        b"content-security-policy",
+        b"default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        b"frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+"""What every answer of the dashboard carries: no framing by any page (clickjacking), no
+script at all, no type sniffing, no URL of the dashboard in another site's Referer."""
+
+
+class SecurityHeaders:
+    """Adds HEADERS to every response of the dashboard (pages, errors, static files)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def failed(settings: Settings, request: Request, exc: Exception) -> Response:
+    """An OncelyError no page handled: the error page; 503 while the database is away."""
+    if isinstance(exc, DatabaseUnavailableError | SchemaMissingError | SchemaTooNewError):
+        status = 503
+    elif isinstance(exc, BadInputError):
+        status = 400
+    else:
+        status = 500
+    return error(settings, request, status, f"{exc} (nothing changed; reload to try again)")
+
+
+async def broken(settings: Settings, request: Request, exc: Exception) -> Response:
+    """Any other error: the error page, never a bare 500 (the server logs the traceback)."""
+    return error(
+        settings, request, 500, f"the dashboard failed: {type(exc).__name__} (nothing changed)"
+    )
 
 
 async def healthz(_request: Request) -> Response:
@@ -107,22 +180,36 @@ async def login_form(settings: Settings, request: Request) -> Response:
 
 
 async def login(settings: Settings, request: Request) -> Response:
-    """Exchange the token for an HttpOnly, SameSite=Strict session cookie."""
+    """Exchange the token for a new server-side session (an HttpOnly, SameSite=Strict
+    cookie); wrong tokens from one client are throttled."""
+    client = client_of(request)
+    wait = settings.throttle.wait(client)
+    if wait:
+        return error(
+            settings,
+            request,
+            429,
+            f"too many wrong tokens from {client}: not logged in; try again in {wait:.0f} s",
+        )
     form = await request.form()
     try:
-        if not csrf_ok(request, form):
-            return error(settings, request, 403, "missing or wrong CSRF token: not logged in")
+        refused = forged(settings, request, form)
+        if refused is not None:
+            return error(settings, request, 403, f"{refused}: not logged in")
         given = form.get("token")
         if settings.token is None:
             return error(settings, request, 403, "this dashboard has no token: it is read-only")
         if not isinstance(given, str) or not same(given, settings.token):
+            settings.throttle.failed(client)
             return error(settings, request, 401, "wrong token: not logged in")
     finally:
         await form.close()
+    settings.throttle.passed(client)
+    settings.sessions.close(request.cookies.get(SESSION_COOKIE))
     response = redirect(request, "/", "logged in: actions are allowed")
     response.set_cookie(
         SESSION_COOKIE,
-        session_value(settings.token, settings.key),
+        settings.sessions.open(),
         httponly=True,
         samesite="strict",
         path=base(request) or "/",
@@ -132,12 +219,15 @@ async def login(settings: Settings, request: Request) -> Response:
 
 
 async def logout(settings: Settings, request: Request) -> Response:
+    """End the session on the server: its cookie, copied or not, no longer logs anyone in."""
     form = await request.form()
     try:
-        if not csrf_ok(request, form):
-            return error(settings, request, 403, "missing or wrong CSRF token: nothing changed")
+        refused = forged(settings, request, form)
+        if refused is not None:
+            return error(settings, request, 403, refused)
     finally:
         await form.close()
+    settings.sessions.close(request.cookies.get(SESSION_COOKIE))
     response = redirect(request, "/", "logged out")
     response.delete_cookie(SESSION_COOKIE, path=base(request) or "/")
     return response

@@ -1,4 +1,5 @@
-"""Who may do what on the dashboard: the permission resolver, the token, the CSRF token.
+"""Who may do what on the dashboard: the permission resolver, the token's sessions, the
+login throttle.
 
 A resolver is `(request) -> "read" | "all" | set of action names | Grant | None`, sync or
 async. `None` refuses every page (403); "read" shows the pages and refuses every action;
@@ -12,8 +13,10 @@ import hashlib
 import hmac
 import inspect
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from starlette.requests import Request
@@ -113,18 +116,96 @@ def same(given: str | None, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
 
 
-def session_value(token: str, key: bytes) -> str:
-    """The session cookie of a token login: a MAC of the token, never the token itself."""
-    return hmac.new(key, token.encode("utf-8"), hashlib.sha256).hexdigest()
+def mac(key: bytes, value: str) -> str:
+    """A keyed MAC of `value` (hex): what a CSRF token is, bound to its session."""
+    return hmac.new(key, value.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def token_resolver(token: str | None, *, allow_actions: bool, key: bytes) -> Resolver:
+SESSION_TTL = 12 * 3600.0
+"""Seconds a login lasts at most (then the token is asked again)."""
+SESSIONS_MAX = 1000
+"""Live logins one dashboard keeps at most; past it, the oldest one ends."""
+
+
+@dataclass
+class Sessions:
+    """The token logins of one dashboard, held server-side (in this process's memory): the
+    cookie is a random id, worth something only while it is in here. Logout removes it, so
+    a copied cookie stops working; a restart of the process ends every login."""
+
+    ttl: float = SESSION_TTL
+    limit: int = SESSIONS_MAX
+    _opened: OrderedDict[str, float] = field(default_factory=OrderedDict)
+
+    def open(self) -> str:
+        """A new login's id (never one a browser presented: no session fixation)."""
+        sid = new_secret()
+        self._opened[sid] = time.monotonic()
+        while len(self._opened) > self.limit:
+            self._opened.popitem(last=False)
+        return sid
+
+    def alive(self, sid: str | None) -> bool:
+        if not sid or sid not in self._opened:
+            return False
+        if time.monotonic() - self._opened[sid] > self.ttl:
+            del self._opened[sid]
+            return False
+        return True
+
+    def close(self, sid: str | None) -> None:
+        if sid:
+            self._opened.pop(sid, None)
+
+
+LOGIN_FAILURES = 5
+"""Wrong tokens one client may send per LOGIN_WINDOW before its logins are refused."""
+LOGIN_WINDOW = 60.0
+LOGIN_CLIENTS = 4096
+"""Clients the throttle remembers at most (the oldest is forgotten first): bounded memory."""
+
+
+@dataclass
+class LoginThrottle:
+    """Wrong tokens per client address: after LOGIN_FAILURES in LOGIN_WINDOW seconds, that
+    client's logins are refused (even with the right token) until the window ends."""
+
+    failures: int = LOGIN_FAILURES
+    window: float = LOGIN_WINDOW
+    limit: int = LOGIN_CLIENTS
+    _seen: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
+
+    def wait(self, client: str) -> float:
+        """Seconds until `client` may try again (0: now)."""
+        seen = self._seen.get(client)
+        if seen is None:
+            return 0.0
+        left = seen[0] + self.window - time.monotonic()
+        if left <= 0:
+            del self._seen[client]
+            return 0.0
+        return left if seen[1] >= self.failures else 0.0
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        start, count = self._seen.pop(client, (now, 0))
+        if now - start > self.window:
+            start, count = now, 0
+        self._seen[client] = (start, count + 1)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
+    def passed(self, client: str) -> None:
+        self._seen.pop(client, None)
+
+
+def token_resolver(token: str | None, *, allow_actions: bool, sessions: Sessions) -> Resolver:
     """The resolver of `oncely web`: read-only, or with `token` every action for a request
-    that carries it (`Authorization: Bearer T` or the session cookie of `POST /login`)."""
+    that carries it (`Authorization: Bearer T`) or a live session of `POST /login`."""
 
     def resolver(request: Request) -> Permission:
         if token is None or not allow_actions:
@@ -132,14 +213,14 @@ def token_resolver(token: str | None, *, allow_actions: bool, key: bytes) -> Res
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and same(value.strip(), token):
-            return Grant("all", actor=f"web:token@{_client(request)}")
-        cookie = request.cookies.get(SESSION_COOKIE)
-        if same(cookie, session_value(token, key)):
-            return Grant("all", actor=f"web:token@{_client(request)}")
+            return Grant("all", actor=f"web:token@{client_of(request)}")
+        if sessions.alive(request.cookies.get(SESSION_COOKIE)):
+            return Grant("all", actor=f"web:token@{client_of(request)}")
         return "read"
 
     return resolver
 
 
-def _client(request: Request) -> str:
+def client_of(request: Request) -> str:
+    """The client's address (the login throttle's and the default actor's key)."""
     return request.client.host if request.client is not None else "unknown"

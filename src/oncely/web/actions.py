@@ -25,7 +25,7 @@ from .pages import (
     task_filter,
     tasks_page_context,
 )
-from .render import Settings, csrf_ok, error, page, redirect
+from .render import Settings, error, forged, page, redirect
 
 BULK_MAX = 1000
 """The most tasks one bulk action changes (the confirmation says how many match)."""
@@ -42,7 +42,8 @@ def action(
     name: str | None, handler: Handler
 ) -> Callable[[Settings, Request], Awaitable[Response]]:
     """A POST endpoint: access, permission for `name` (None: decided by the handler from
-    the form), CSRF; then the handler. An OncelyError becomes an error page."""
+    the form), same origin and the session's CSRF token; then the handler. An OncelyError
+    becomes an error page."""
 
     async def endpoint(settings: Settings, request: Request) -> Response:
         granted = await guard(settings, request)
@@ -52,14 +53,9 @@ def action(
         try:
             if name is not None and not granted.may(name):
                 return error(settings, request, 403, _not_allowed(name), granted)
-            if not csrf_ok(request, form):
-                return error(
-                    settings,
-                    request,
-                    403,
-                    "missing or wrong CSRF token: nothing changed (reload the page and retry)",
-                    granted,
-                )
+            refused = forged(settings, request, form)
+            if refused is not None:
+                return error(settings, request, 403, refused, granted)
             return await handler(settings, request, granted, form)
         except UnknownJobError as exc:
             return error(settings, request, 404, f"{exc}: nothing changed", granted)
@@ -112,7 +108,8 @@ def _ran(results: list[RunResult]) -> str:
 
 async def run(settings: Settings, request: Request, access: Access, form: FormData) -> Response:
     """Run one slot now (default: the latest due one), as a one-slot backfill: its claim,
-    its transaction, its audit row; a slot that ran before is not run again."""
+    its transaction, its audit row (action `run_slot`); a slot that ran before is not run
+    again."""
     app = settings.app
     name = request.path_params["job"]
     job = app.registry.job(name)
@@ -126,7 +123,12 @@ async def run(settings: Settings, request: Request, access: Access, form: FormDa
             f"{slot.at.isoformat()}): nothing ran"
         )
     results = await app.backfill(
-        job.name, at, at + timedelta(microseconds=1), actor=access.actor, reason=_reason(form)
+        job.name,
+        at,
+        at + timedelta(microseconds=1),
+        actor=access.actor,
+        reason=_reason(form),
+        audit_as="run_slot",
     )
     failed = [r for r in results if r.status in (RunStatus.FAILED, RunStatus.TIMEOUT)]
     text = f"run {name} slot {at.isoformat()}: {_ran(results)}"

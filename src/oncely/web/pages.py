@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import clock
-from ..errors import BadInputError, OncelyError, UnknownJobError
+from ..errors import BadInputError, DatabaseError, UnknownJobError
 from ..explain import explain_slot
 from ..model import Pause, TaskRecord, TaskState
 from ..registry import Job
@@ -27,6 +27,12 @@ PAGE_SIZE = 50
 NEXT_SLOTS = 5
 STRIP_MINUTES = 60
 STATES = [s.value for s in TaskState]
+TASK_ACTIONS = {
+    "retry": {TaskState.DEAD, TaskState.DISCARDED, TaskState.AVAILABLE},
+    "discard": {TaskState.AVAILABLE, TaskState.RUNNING, TaskState.DEAD},
+    "cancel": {TaskState.AVAILABLE, TaskState.RUNNING},
+}
+"""The states in which each task action applies (the API refuses it in any other)."""
 
 
 async def guard(settings: Settings, request: Request) -> Access | Response:
@@ -312,7 +318,33 @@ async def task_page(settings: Settings, request: Request) -> Response:
         answer=answer,
         sentence=sentence,
         history=history,
+        task_actions=task_actions(rec, granted),
+        error_origin=error_origin(rec.error),
     )
+
+
+def task_actions(rec: TaskRecord, access: Access) -> list[str]:
+    """The actions the task page offers: those allowed that apply to the task's state."""
+    return [
+        kind
+        for kind, states in TASK_ACTIONS.items()
+        if rec.state in states and access.may(f"task_{kind}")
+    ]
+
+
+def error_origin(text: str | None) -> str | None:
+    """Who wrote a task's error when no failed attempt recorded one: its lease's expiry (the
+    worker died), an operator's cancel, its worker's shutdown, or an older schema that kept
+    no attempts."""
+    if text is None:
+        return None
+    if text.startswith("LeaseExpired:"):
+        return "lease"
+    if text.startswith("Cancelled: by "):
+        return "cancel"
+    if text.startswith("Cancelled:"):
+        return "shutdown"
+    return "schema"
 
 
 async def audit_page(settings: Settings, request: Request) -> Response:
@@ -328,7 +360,7 @@ async def audit_page(settings: Settings, request: Request) -> Response:
         entries = await settings.app.store.views.audit(
             job=job, action=action, actor=actor, before=before, limit=PAGE_SIZE + 1
         )
-    except OncelyError as exc:
+    except (BadInputError, DatabaseError) as exc:  # a filter the database refuses
         return error(settings, request, 400, str(exc), granted)
     more = entries[PAGE_SIZE - 1].id if len(entries) > PAGE_SIZE else None
     query = {k: v for k, v in request.query_params.items() if k != "before" and v}

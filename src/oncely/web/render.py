@@ -17,7 +17,18 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ..app import Oncely
 from ..masking import mask_secrets
-from .access import CSRF_COOKIE, Access, Resolver, new_secret, resolve, same
+from .access import (
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    Access,
+    LoginThrottle,
+    Resolver,
+    Sessions,
+    mac,
+    new_secret,
+    resolve,
+    same,
+)
 
 FLASH_COOKIE = "oncely_flash"
 READS_AT_ONCE = 4
@@ -36,6 +47,8 @@ class Settings:
     key: bytes
     token: str | None = None
     title: str = "oncely"
+    sessions: Sessions = field(default_factory=Sessions)
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
     env: jinja2.Environment = field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,8 +80,8 @@ def base(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def csrf_token(request: Request) -> tuple[str, bool]:
-    """The request's CSRF token (from its cookie) and whether it is new (to be set)."""
+def _nonce(request: Request) -> tuple[str, bool]:
+    """This browser's CSRF nonce (its cookie) and whether it is new (to be set)."""
     value = request.cookies.get(CSRF_COOKIE)
     if value:
         return value, False
@@ -80,19 +93,48 @@ def csrf_token(request: Request) -> tuple[str, bool]:
     return value, True
 
 
-def csrf_ok(request: Request, form: Any) -> bool:
-    """Whether a POST carries the CSRF token of its cookie (double submit)."""
-    cookie = request.cookies.get(CSRF_COOKIE)
+def csrf_token(settings: Settings, request: Request) -> str:
+    """The CSRF token the forms carry: a MAC, under the dashboard's key, of the request's
+    live login session (else of this browser's nonce cookie). A page on another origin of
+    the same site can set a cookie, but not learn the key nor the HttpOnly session id."""
+    sid = request.cookies.get(SESSION_COOKIE)
+    if settings.sessions.alive(sid):
+        return mac(settings.key, f"session:{sid}")
+    return mac(settings.key, f"nonce:{_nonce(request)[0]}")
+
+
+def cross_origin(request: Request) -> bool:
+    """Whether the browser says this request comes from another origin (`Sec-Fetch-Site`;
+    from a browser too old to send it, `Origin` against the `Host` it was sent to). A
+    client that sends neither (curl, a script with a bearer token) is no browser a page
+    can drive."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:  # no page can set it; a proxy that rewrites Host leaves it be
+        return site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    netloc = urllib.parse.urlsplit(origin).netloc.lower()
+    return not netloc or netloc != request.headers.get("host", "").lower()
+
+
+def forged(settings: Settings, request: Request, form: Any) -> str | None:
+    """Why a POST is refused as not the dashboard's own form (None: it is): another
+    origin sent it, or it lacks the CSRF token of its session."""
+    if cross_origin(request):
+        return "refused: a page of another origin sent this request: nothing changed"
     given = form.get("csrf")
-    return bool(cookie) and isinstance(given, str) and same(given, cookie or "")
+    if not isinstance(given, str) or not same(given, csrf_token(settings, request)):
+        return "missing or wrong CSRF token: nothing changed (reload the page and retry)"
+    return None
 
 
 def _finish(request: Request, response: Response) -> Response:
-    token, fresh = csrf_token(request)
+    nonce, fresh = _nonce(request)
     if fresh:
         response.set_cookie(
             CSRF_COOKIE,
-            token,
+            nonce,
             httponly=True,
             samesite="strict",
             path=base(request) or "/",
@@ -115,11 +157,12 @@ def page(
     flash = request.cookies.get(FLASH_COOKIE) if request.method == "GET" else None
     html = settings.env.get_template(template).render(
         base=base(request),
-        csrf=csrf_token(request)[0],
+        csrf=csrf_token(settings, request),
         access=access,
         title=settings.title,
         flash=urllib.parse.unquote(flash) if flash else None,
         database=settings.app.store.display_url,
+        login=settings.token is not None,
         **context,
     )
     return _finish(request, HTMLResponse(html, status_code=status))

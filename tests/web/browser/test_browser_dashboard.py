@@ -54,8 +54,13 @@ def test_overview_lists_every_job_and_its_pause(site: Site, page: Any) -> None:
     assert "maintenance" in row.inner_text()
     row.get_by_role("link", name="nightly").click()
     page.wait_for_url(f"{site.url}/jobs/nightly")
+    assert page.get_by_test_id("resume").count() == 0  # read-only: no button, and why
+    assert "not logged in" in page.get_by_test_id("read-only").inner_text()
+    login(page, site)
+    page.goto(f"{site.url}/jobs/nightly")
     assert page.get_by_test_id("resume").count() == 1
     assert page.get_by_test_id("pause").count() == 0
+    assert page.get_by_test_id("read-only").count() == 0
 
 
 def test_pause_in_the_browser_stops_a_running_worker(site: Site, page: Any) -> None:
