@@ -90,6 +90,7 @@ def empty(alias: str) -> None:
             "oncely_runs",
             "oncely_tasks",
             "oncely_duplicates",
+            "oncely_task_errors",
             "shop_bonus",
             "shop_receipt",
         ):

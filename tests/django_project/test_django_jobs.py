@@ -84,6 +84,16 @@ def test_every_oncely_command_is_under_manage_py_with_its_exit_codes(
     assert count(alias, "oncely_runs") == 0
 
 
+def test_manage_py_oncely_help_names_django_s_settings_not_oncely_s_variables(
+    django_project: dict[str, str],
+) -> None:
+    shown = manage(django_project, "default", "oncely", "--help")
+    out, err = shown.communicate(timeout=120)
+    assert shown.returncode == 0, err
+    assert "ONCELY_DATABASE_URL" not in out and "ONCELY_APP" not in out, out
+    assert 'settings.ONCELY["DATABASE"]' in out and 'settings.ONCELY["APP"]' in out, out
+
+
 def test_sigkill_between_the_work_and_the_commit_then_the_retry_has_one_effect(
     alias: str, django_project: dict[str, str]
 ) -> None:
