@@ -275,8 +275,12 @@ def _exists(command: Any, rest: list[str]) -> bool:
     return True
 
 
+# Design notes may describe a command that is being built; the guides may not.
+GUIDES = [d for d in DOCS if "design" not in d.relative_to(ROOT).parts]
+
+
 def test_every_oncely_command_the_docs_name_exists() -> None:
-    named, missing = _commands_named(DOCS)
+    named, missing = _commands_named(GUIDES)
     assert len(named) > 50 and any(n.endswith("oncely run") for n in named), named
     assert not missing, "commands the docs name that the CLI does not have:\n" + "\n".join(missing)
 

@@ -61,6 +61,8 @@ class SlotClaimAdmin(ReadOnly):
         when: datetime | None = obj.scheduled_for
         if when is None:
             return "-"
+        if when.tzinfo is None:  # USE_TZ = False: taken as UTC, the time oncely writes
+            when = when.replace(tzinfo=timezone.utc)
         zone = job_zone(obj.job)
         return f"{when.astimezone(zone).isoformat()} {zone}"
 
