@@ -86,5 +86,12 @@ def empty(alias: str) -> None:
     from django.db import connections
 
     with connections[alias].cursor() as cursor:
-        for table in ("oncely_runs", "oncely_tasks", "shop_bonus", "shop_receipt"):
+        for table in (
+            "oncely_runs",
+            "oncely_tasks",
+            "oncely_duplicates",
+            "oncely_task_errors",
+            "shop_bonus",
+            "shop_receipt",
+        ):
             cursor.execute(f"DELETE FROM {table}")

@@ -24,6 +24,13 @@ def staff(alias: str) -> Iterator[Any]:
         yield client
 
 
+TRACEBACK = """GatewayTimeout: 504
+Traceback (most recent call last):
+  File "shop/tasks.py", line 36, in send_receipt
+    raise GatewayTimeout("504")
+shop.tasks.GatewayTimeout: 504"""
+
+
 def _dead_task(alias: str) -> int:
     from django.db import connections, transaction
     from shop.tasks import send_receipt
@@ -36,9 +43,22 @@ def _dead_task(alias: str) -> int:
     with connections[alias].cursor() as cursor:
         cursor.execute(
             "UPDATE oncely_tasks SET state = 'dead', attempt = 25, error = %s WHERE id = %s",
-            ["GatewayTimeout: 504", int(result.id)],
+            [TRACEBACK, int(result.id)],
         )
     return int(result.id)
+
+
+def _history(alias: str, task_id: int) -> None:
+    """Two failed attempts of the task in oncely_task_errors, as the worker records them."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        for attempt, error in ((1, "ConnectionError: reset by peer"), (2, TRACEBACK)):
+            cursor.execute(
+                "INSERT INTO oncely_task_errors (task_id, attempt, error, by, at)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                [task_id, attempt, error, f"worker-{attempt}", f"2026-06-06 00:0{attempt}:00"],
+            )
 
 
 def test_the_admin_pages_render_the_claims_and_the_tasks(alias: str, staff: Any) -> None:
@@ -48,10 +68,44 @@ def test_the_admin_pages_render_the_claims_and_the_tasks(alias: str, staff: Any)
     assert b"leaderboard_close" in claims.content and b"2026-06-06T00:00:00Z" in claims.content
     tasks = staff.get("/admin/oncely/taskrow/")
     assert tasks.status_code == 200
-    assert b"shop.tasks.send_receipt" in tasks.content and b"GatewayTimeout" in tasks.content
+    assert b"shop.tasks.send_receipt" in tasks.content and b"GatewayTimeout: 504" in tasks.content
+    assert b"Traceback" not in tasks.content  # the list shows the error's first line only
     detail = staff.get(f"/admin/oncely/taskrow/{task_id}/change/")
     assert detail.status_code == 200 and b"dead" in detail.content
+    assert b"Traceback (most recent call last)" in detail.content  # the whole error
     assert staff.get("/admin/oncely/taskrow/add/").status_code == 403  # read-only
+
+
+def test_a_task_s_page_shows_every_attempt_s_error(alias: str, staff: Any) -> None:
+    task_id = _dead_task(alias)
+    _history(alias, task_id)
+    detail = staff.get(f"/admin/oncely/taskrow/{task_id}/change/")
+    page = detail.content.decode()
+    assert detail.status_code == 200
+    first, second = page.index("<b>attempt 1</b> on worker-1"), page.index("<b>attempt 2</b>")
+    assert first < second  # oldest first
+    assert "ConnectionError: reset by peer" in page[first:second]
+    assert "Traceback (most recent call last)" in page[second:]
+
+
+def test_slot_times_are_shown_in_the_job_s_zone(alias: str, staff: Any) -> None:
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            [
+                "leaderboard_close",
+                "2026-06-06T00:00:00Z",
+                "2026-06-06 00:00:00",
+                "2026-06-06 00:00:01",
+                "vm:1",
+            ],
+        )
+    page = staff.get("/admin/oncely/slotclaim/").content.decode()
+    # Friday 18:00 in Mexico City, as the job's schedule says, not Saturday 00:00 UTC.
+    assert "2026-06-05T18:00:00-06:00 America/Mexico_City" in page, page
 
 
 def _act(staff: Any, action: str, task_id: int) -> Any:

@@ -26,6 +26,24 @@ def test_the_incident_three_processes_run_the_leaderboard_close_once(
     assert set(said) <= {"ran", "skipped", "busy"}, outs
     assert count(alias, "shop_bonus") == 1  # one +10, not +30
     assert count(alias, "oncely_runs", "WHERE job = 'leaderboard_close'") == 1
+    # Each suppressed duplicate is data, as in the plain app: what the dashboard counts.
+    assert count(alias, "oncely_duplicates") == said.count("skipped"), outs
+
+
+def test_each_suppressed_duplicate_is_recorded_in_oncely_duplicates(
+    alias: str, django_project: dict[str, str]
+) -> None:
+    first = manage(django_project, alias, "oncely", "run", "leaderboard_close", "--now", T)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0 and out.startswith("ran"), (out, err)
+    for _ in range(2):
+        again = manage(django_project, alias, "oncely", "run", "leaderboard_close", "--now", T)
+        out, err = again.communicate(timeout=120)
+        assert again.returncode == 0 and out.startswith("skipped"), (out, err)
+        assert "run.skipped" in err
+    where = "WHERE job = 'leaderboard_close' AND key = '2026-06-06T00:00:00Z'"
+    assert count(alias, "oncely_duplicates", where) == 2
+    assert count(alias, "shop_bonus") == 1
 
 
 def test_a_job_that_raises_rolls_back_its_work_and_frees_the_slot(
@@ -64,6 +82,16 @@ def test_every_oncely_command_is_under_manage_py_with_its_exit_codes(
     out, err = bad_now.communicate(timeout=120)
     assert bad_now.returncode == 2 and "Traceback" not in err
     assert count(alias, "oncely_runs") == 0
+
+
+def test_manage_py_oncely_help_names_django_s_settings_not_oncely_s_variables(
+    django_project: dict[str, str],
+) -> None:
+    shown = manage(django_project, "default", "oncely", "--help")
+    out, err = shown.communicate(timeout=120)
+    assert shown.returncode == 0, err
+    assert "ONCELY_DATABASE_URL" not in out and "ONCELY_APP" not in out, out
+    assert 'settings.ONCELY["DATABASE"]' in out and 'settings.ONCELY["APP"]' in out, out
 
 
 def test_sigkill_between_the_work_and_the_commit_then_the_retry_has_one_effect(

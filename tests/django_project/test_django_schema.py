@@ -91,3 +91,25 @@ def test_a_database_migrated_by_oncely_migrate_is_left_as_it_is_by_django(
         applied = borrowed.migrate(conn, lambda v: RuntimeError(v))
     engine.dispose()
     assert applied == []
+
+
+def test_a_project_migrated_before_schema_11_gets_the_later_versions_from_migrate(
+    django_project: dict[str, str],
+) -> None:
+    """A project whose `manage.py migrate` ran when oncely's schema was 10 (0002 applied, no
+    oncely_task_errors) gets versions 11 and later from the next `manage.py migrate`."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    from oncely.store.migrations import LATEST
+
+    call_command("migrate", "oncely", "0002", database="default", verbosity=0)
+    with connections["default"].cursor() as cursor:  # the database as schema 10 left it
+        cursor.execute("DROP TABLE oncely_task_errors")
+        cursor.execute("DELETE FROM oncely_schema WHERE version > 10")
+    call_command("migrate", database="default", verbosity=0)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT max(version) FROM oncely_schema")
+        assert cursor.fetchone()[0] == LATEST
+        cursor.execute("SELECT count(*) FROM oncely_task_errors")  # the table is back
+        assert cursor.fetchone()[0] == 0

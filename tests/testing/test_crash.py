@@ -109,7 +109,7 @@ async def test_a_handler_without_a_claim_is_never_stopped_and_fails(
         process=process,
         effects=lambda: fake_provider.applied,
     )
-    assert result.crashed.status == "ran"  # it committed on its own: nothing to stop
+    assert result.crashed.status == "returned"  # it committed on its own: nothing to stop
     assert shop.payments(sync_engine) == 2
     with pytest.raises(AssertionError, match="not stopped between work and commit"):
         result.assert_once()

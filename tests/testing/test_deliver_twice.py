@@ -92,9 +92,9 @@ async def test_a_handler_without_a_claim_fails_assert_once(
         processes=processes,
         effects=lambda: fake_provider.applied,
     )
-    assert result.statuses == ["ran", "ran"]
+    assert result.statuses == ["returned", "returned"]  # not oncely's: judged by its effects
     assert result.effects == 2 and shop.payments(sync_engine) == 2
-    with pytest.raises(AssertionError, match=r"2 deliveries ran .* 2 effects landed"):
+    with pytest.raises(AssertionError, match="2 effects landed"):
         result.assert_once()
 
 

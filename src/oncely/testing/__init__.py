@@ -17,6 +17,7 @@ from .deliver import (
     Deliveries,
     SimulatedCrash,
     crash_between_work_and_ack,
+    crash_point,
     deliver_twice,
     run_replicas,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "assert_retries",
     "assert_waits",
     "crash_between_work_and_ack",
+    "crash_point",
     "deliver_twice",
     "prepare_database",
     "register_target_kind",

@@ -3,8 +3,9 @@
 Each returns the deliveries plus the effect count before and after (from the `effects`
 callable you pass: rows in a table, `provider.applied`), and `.assert_once()` checks the
 one thing that matters: exactly one delivery took effect, and the effects moved by exactly
-one. A handler that is not idempotent makes `assert_once()` fail; the toolkit's own tests
-prove it.
+one. Any queue's handler can be refereed: one that is not oncely's reports no claim, so it
+is judged by its effects alone, and it marks where its work ends with `crash_point()`. A
+handler that is not idempotent makes `assert_once()` fail; the toolkit's own tests prove it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, overload
 from .. import hooks
 from ..app import Oncely
 from .clock import frozen_now
-from .targets import Delivery, JobSlot, Target
+from .targets import RETURNED, Delivery, JobSlot, Target
 
 Effects = Callable[[], int | Awaitable[int]]
 NO_EFFECT = frozenset({"skipped", "busy"})
@@ -85,18 +86,12 @@ class Deliveries(Sequence[Delivery]):
         return self.effects_after - self.effects_before
 
     def assert_once(self) -> None:
-        """Fail unless exactly one delivery ran, the rest were duplicates, and one effect landed."""
-        problems = []
-        ran = self.statuses.count("ran")
-        if ran != 1:
-            problems.append(f"{ran} deliveries ran (expected 1)")
-        if self.statuses and all(s == "skipped" for s in self.statuses):
-            problems.append(
-                "every delivery found its slot or key claimed before the test: the app's "
-                "database is not the one the test prepared, or its ledger was not emptied "
-                "(see using_database and prepare_database)"
-            )
-        others = [d for d in self.deliveries if d.status not in NO_EFFECT | {"ran"}]
+        """Fail unless one effect landed: exactly one delivery ran and the rest were
+        duplicates (an oncely target), or the effects you count moved by exactly one (a
+        handler that is not oncely's, which reports no claim)."""
+        plain = any(d.status == RETURNED for d in self.deliveries)
+        problems = _by_effects(self.effects) if plain else self._by_claims()
+        others = [d for d in self.deliveries if d.status not in NO_EFFECT | {"ran", RETURNED}]
         for d in others:
             problems.append(f"a delivery {d.status}: {d.error or d.exit_code}")
         keys = {d.key for d in self.deliveries if d.key is not None}
@@ -108,6 +103,30 @@ class Deliveries(Sequence[Delivery]):
             raise AssertionError(
                 f"{self.target}: not once: " + "; ".join(problems) + f" [statuses {self.statuses}]"
             )
+
+    def _by_claims(self) -> list[str]:
+        """What oncely's own outcomes say is wrong: not exactly one `ran`."""
+        problems = []
+        ran = self.statuses.count("ran")
+        if ran != 1:
+            problems.append(f"{ran} deliveries ran (expected 1)")
+        if self.statuses and all(s == "skipped" for s in self.statuses):
+            problems.append(
+                "every delivery found its slot or key claimed before the test: the app's "
+                "database is not the one the test prepared, or its ledger was not emptied "
+                "(see using_database and prepare_database)"
+            )
+        return problems
+
+
+def _by_effects(effects: int | None) -> list[str]:
+    """A handler that is not oncely's says nothing of its claims: only its effects can."""
+    if effects is None:
+        return [
+            "the handler is not oncely's, so only its effects can say whether it took effect "
+            "once: pass effects= (a function that counts them)"
+        ]
+    return []
 
 
 @dataclass(frozen=True)
@@ -129,22 +148,34 @@ class CrashResult:
         return self.effects_after - self.effects_before
 
     def assert_once(self) -> None:
-        """Fail unless the crash happened at the commit, the retry ran, and one effect landed."""
+        """Fail unless the crash happened between the work and the commit (or the handler's
+        `crash_point()`), the retry ran, and one effect landed."""
         problems = []
         if self.crashed.status != "crashed":
             problems.append(
                 f"the first delivery was not stopped between work and commit: it "
-                f"{self.crashed.status} (the target does not commit through oncely)"
+                f"{self.crashed.status} (the target does not commit through oncely; in a "
+                "handler of your own, call crash_point() where its work ends and its ack begins)"
             )
-        if self.retry.status != "ran":
+        if self.retry.status not in ("ran", RETURNED):
             problems.append(
                 f"the retry {self.retry.status} (expected ran: the crash must free the key)"
                 + (f": {self.retry.error}" if self.retry.error else "")
             )
+        if self.retry.status == RETURNED:
+            problems += _by_effects(self.effects)
         if self.effects is not None and self.effects != 1:
             problems.append(f"{self.effects} effects landed (expected 1)")
         if problems:
             raise AssertionError(f"{self.target}: not once: " + "; ".join(problems))
+
+
+def crash_point(name: str = "crash_point", key: str = "") -> None:
+    """Mark, in a handler that is not oncely's, the point between its work and its ack (its
+    commit, the message's delete): `crash_between_work_and_ack` stops the handler here (a
+    real SIGKILL in a child process, SimulatedCrash in this one), as it stops oncely's own
+    at their commit. Anywhere else it does nothing. `name` and `key` say which work it was."""
+    hooks.before_commit(name, key)
 
 
 # -- child processes --------------------------------------------------------------------
@@ -293,6 +324,9 @@ async def crash_between_work_and_ack(
     timeout: float = 60.0,
 ) -> CrashResult:
     """Run the target until its work is done, kill it before its commit, then run the retry.
+
+    oncely's targets are stopped at their commit; a handler of your own at its
+    `crash_point()` call, and judged by the `effects` you count.
 
     With `process=True` (the default) the target runs in a child process that the toolkit
     SIGKILLs at the commit; with `process=False` a SimulatedCrash is raised there, in this

@@ -23,14 +23,19 @@ from ..effects import EffectResult, OnceHandler
 from ..errors import BadInputError
 from ..model import RunResult, RunStatus
 
+RETURNED = "returned"
+"""The status of a delivery of a handler that is not oncely's: it returned, and reported no
+claim (ran or skipped): its effects say whether it took effect."""
+
 
 @dataclass(frozen=True)
 class Delivery:
     """What one delivery of a target came to."""
 
     status: str
-    """`ran`, `skipped`, `busy`, `failed` (the target raised: rolled back), or `crashed`
-    (stopped between its work and its commit by the toolkit)."""
+    """`ran`, `skipped`, `busy`, `failed` (the target raised: rolled back), `crashed`
+    (stopped between its work and its commit by the toolkit), or `returned` (a handler that
+    is not oncely's returned: whether it took effect only the `effects` count can say)."""
     key: str | None = None
     """The ledger key the delivery claimed or found, when the target reports one."""
     error: str | None = None
@@ -197,8 +202,9 @@ class Call:
     """A call `handler(*args, **kwargs)`, as a queue would deliver a message to it.
 
     With an `@app.once` handler the outcome is its EffectResult's status (a task body that
-    returns `handler(...).status`, a RunStatus, works too); any other function (a
-    non-idempotent handler) counts as `ran` whenever it returns. A plain `def` runs in a
+    returns `handler(...).status`, a RunStatus, works too); any other function (a handler
+    of any queue, idempotent or not) is `returned` when it returns, and the toolkit judges
+    it by the `effects` you count. A plain `def` runs in a
     worker thread, so two concurrent deliveries use two connections. Arguments must be JSON
     for deliveries from child processes.
     """
@@ -237,7 +243,7 @@ class Call:
             return Delivery(status=outcome.status.value, key=outcome.key, pid=_pid())
         if isinstance(outcome, RunStatus):  # a task body that returns `handler(...).status`
             return Delivery(status=outcome.value, key=self._key(), pid=_pid())
-        return Delivery(status="ran", key=self._key(), pid=_pid())
+        return Delivery(status=RETURNED, key=self._key(), pid=_pid())
 
     def _key(self) -> str | None:
         if isinstance(self.handler, OnceHandler):

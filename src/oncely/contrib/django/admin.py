@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
+from django.utils.html import format_html_join
 
 from ...app import Oncely as CoreOncely
+from ...cli.loading import load_app
 from ...errors import OncelyError
 from ...model import TaskRecord
 from .app import Oncely
-from .models import SlotClaim, TaskRow
+from .models import SlotClaim, TaskRow, first_line
+from .settings_app import app_spec
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -34,12 +39,32 @@ class ReadOnly(admin.ModelAdmin):
         return False
 
 
+def job_zone(job: str) -> ZoneInfo | timezone:
+    """The zone of `job`'s schedule in `ONCELY["APP"]` (UTC for a job it does not have, an
+    effect's key, or an app that cannot be loaded: the page still shows every claim)."""
+    try:
+        return load_app(app_spec()).registry.job(job).schedule.zone
+    except (OncelyError, ImportError):
+        return timezone.utc
+
+
 @admin.register(SlotClaim)
 class SlotClaimAdmin(ReadOnly):
-    list_display = ("job", "key", "scheduled_for", "claimed_at", "claimed_by", "finished_at")
+    list_display = ("job", "key", "slot", "claimed_at", "claimed_by", "finished_at")
     list_display_links = None
     list_filter = ("job",)
     search_fields = ("job", "key", "claimed_by")
+
+    @admin.display(description="slot (the job's zone)", ordering="scheduled_for")
+    def slot(self, obj: SlotClaim) -> str:
+        """The slot's time in its job's zone, as the job was handed it (`now`)."""
+        when: datetime | None = obj.scheduled_for
+        if when is None:
+            return "-"
+        if when.tzinfo is None:  # USE_TZ = False: taken as UTC, the time oncely writes
+            when = when.replace(tzinfo=timezone.utc)
+        zone = job_zone(obj.job)
+        return f"{when.astimezone(zone).isoformat()} {zone}"
 
 
 def _each(
@@ -103,9 +128,28 @@ class TaskRowAdmin(ReadOnly):
         "attempt",
         "run_at",
         "finished_at",
-        "error",
+        "last_error",
     )
     list_filter = ("state", "queue", "task")
     search_fields = ("task", "idempotency_key")
-    readonly_fields = tuple(f.name for f in TaskRow._meta.fields)
+    readonly_fields = (*(f.name for f in TaskRow._meta.fields), "attempt_history")
     actions = (retry, discard)
+
+    @admin.display(description="error")
+    def last_error(self, obj: TaskRow) -> str:
+        """The last error's first line (`Type: message`); its traceback is on the task's page."""
+        return first_line(obj.error)
+
+    @admin.display(description="every attempt's error")
+    def attempt_history(self, obj: TaskRow) -> str:
+        """Each failed attempt that oncely kept, oldest first: number, worker, time and the
+        whole error with its traceback."""
+        rows = obj.history()
+        if not rows:
+            return "-"
+        html: str = format_html_join(
+            "",
+            "<p><b>attempt {}</b> on {} at {}</p><pre>{}</pre>",
+            ((r.attempt, r.by or "?", r.at.isoformat(), r.error or "") for r in rows),
+        )
+        return html

@@ -13,6 +13,7 @@ app's database with the task's ack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -127,7 +128,17 @@ class Oncely(core.Oncely):
     async def _attempt(
         self, store: Store, job: Job, slot: datetime, request: ClaimRequest
     ) -> Outcome:
-        return await asyncio.to_thread(attempt_in_django, self.alias, job, slot, request)
+        outcome = await asyncio.to_thread(attempt_in_django, self.alias, job, slot, request)
+        if outcome.status is RunStatus.SKIPPED:
+            await _record_duplicate(store, slot, request)
+        return outcome
+
+
+async def _record_duplicate(store: Store, slot: datetime, request: ClaimRequest) -> None:
+    """A suppressed duplicate, as data (oncely_duplicates), as the plain app records it: what
+    the dashboard counts. Best effort: a record that cannot be written leaves the outcome."""
+    with contextlib.suppress(OncelyError):
+        await store.control.duplicate(request.job, request.key, slot, request.claimed_by)
 
 
 def attempt_in_django(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:

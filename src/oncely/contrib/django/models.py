@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import DatabaseError, models, transaction
 
 from ...model import TaskRecord, TaskState
 from ...tasks import decode_result
@@ -35,6 +35,32 @@ class SlotClaim(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} {self.key}"
+
+
+class TaskErrorRow(models.Model):
+    """One failed attempt of a task (schema 11): its error and traceback, worker and time."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    error = models.TextField(null=True)
+    by = models.CharField(max_length=255, null=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "oncely_task_errors"
+        ordering = ("id",)
+        verbose_name = "task error"
+
+    def __str__(self) -> str:
+        return f"task #{self.task_id} attempt {self.attempt}"
+
+
+def first_line(error: str | None) -> str:
+    """An error's first line (`Type: message`), as a list shows it; the whole text (its
+    traceback) is on the task's page."""
+    return error.strip().splitlines()[0] if error and error.strip() else ""
 
 
 class TaskRow(models.Model):
@@ -66,6 +92,17 @@ class TaskRow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} #{self.id}"
+
+    def history(self) -> list[TaskErrorRow]:
+        """Every failed attempt of this task that oncely kept, oldest first (none on a
+        database older than schema 11, or for a task that never failed)."""
+        alias = self._state.db or "default"
+        rows = TaskErrorRow.objects.using(alias).filter(task_id=self.id).order_by("id")
+        try:
+            with transaction.atomic(using=alias):  # a savepoint: a missing table spoils nothing
+                return list(rows)
+        except DatabaseError:
+            return []
 
     def record(self) -> TaskRecord:
         """The row as oncely's TaskRecord."""

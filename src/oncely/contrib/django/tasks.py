@@ -15,7 +15,7 @@ import builtins
 import contextlib
 import importlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -70,8 +70,8 @@ class TaskBackend(BaseTaskBackend):
     task ({module path: policy}); `TIMEOUT` and `TASK_TIMEOUT`, the same for an attempt's
     timeout (seconds or a timedelta; default none). Queue names map to oncely queues,
     `run_after` to the row's run_at and `priority` (-100..100) to oncely's priority (higher
-    first). `get_result` reads the row back: status, times, attempts, the last error and
-    the stored return value.
+    first). `get_result` reads the row back: status, times, attempts, every failed
+    attempt's error and the stored return value.
     """
 
     supports_defer = True
@@ -147,9 +147,9 @@ class TaskBackend(BaseTaskBackend):
         return self._result(task, record)
 
     def get_result(self, result_id: str) -> TaskResult:
-        """The task's row as a TaskResult: its status, times, attempts, last error and (once
-        it succeeded) the value it returned. TaskResultDoesNotExist if there is no such
-        row (never enqueued, or pruned)."""
+        """The task's row as a TaskResult: its status, times, attempts, every failed
+        attempt's error (oldest first) and (once it succeeded) the value it returned.
+        TaskResultDoesNotExist if there is no such row (never enqueued, or pruned)."""
         from .models import TaskRow
 
         try:
@@ -160,9 +160,11 @@ class TaskBackend(BaseTaskBackend):
         task = func if isinstance(func, Task) else None
         if task is None:
             raise TaskResultDoesNotExist(f"{result_id}: {row.task} is not a task")
-        return self._result(task, row.record())
+        return self._result(task, row.record(), [r.error for r in row.history()])
 
-    def _result(self, task: Task, record: TaskRecord) -> TaskResult:
+    def _result(
+        self, task: Task, record: TaskRecord, history: Sequence[str | None] = ()
+    ) -> TaskResult:
         call = record.args if isinstance(record.args, dict) else {}
         result = TaskResult(
             task=task.using(
@@ -177,7 +179,7 @@ class TaskBackend(BaseTaskBackend):
             args=list(call.get(ARGS, [])),  # type: ignore[call-overload]
             kwargs=dict(call.get(KWARGS, {})),  # type: ignore[call-overload]
             backend=self.alias,
-            errors=_errors(record),
+            errors=_errors(record, history),
             worker_ids=_worker_ids(record),
         )
         if record.state is TaskState.SUCCEEDED:  # Django's field for it is not an argument
@@ -207,22 +209,29 @@ def _seconds(value: Any, where: str) -> float:
     return float(seconds)
 
 
-def _errors(record: TaskRecord) -> list[TaskError]:
-    """The row's last error (`Type: message`, then its traceback) as Django's TaskError: the
-    only one kept (oncely records the last attempt's error, not each one). Its class path
-    is the traceback's last line's (`module.Class`; `builtins.` for a built-in one)."""
-    if not record.error:
-        return []
-    kind = record.error.split(":", 1)[0].strip()  # the class's name
+def _errors(record: TaskRecord, history: Sequence[str | None] = ()) -> list[TaskError]:
+    """Every failed attempt's error (`Type: message`, then its traceback) as Django's
+    TaskErrors, oldest first: the attempt history oncely kept (oncely_task_errors), then the
+    row's last error if the history does not end with it (an operator's cancel, or a
+    database older than schema 11, which kept only that one)."""
+    texts = [text for text in history if text]
+    if record.error and (not texts or texts[-1] != record.error):
+        texts.append(record.error)
+    return [TaskError(exception_class_path=_class_path(text), traceback=text) for text in texts]
+
+
+def _class_path(error: str) -> str:
+    """The error's class path: the traceback's last line's (`module.Class`; `builtins.` for
+    a built-in one), else the first line's class name."""
+    kind = error.split(":", 1)[0].strip()  # the class's name
     named = re.compile(rf"^((?:\w+\.)*{re.escape(kind)})(?::|$)")
-    for line in reversed(record.error.splitlines()):  # the traceback's `module.Class: ...`
+    for line in reversed(error.splitlines()):  # the traceback's `module.Class: ...`
         found = named.match(line)
         if found and "." in found.group(1):
-            kind = found.group(1)
-            break
+            return found.group(1)
     if "." not in kind and isinstance(getattr(builtins, kind, None), type):
-        kind = f"builtins.{kind}"
-    return [TaskError(exception_class_path=kind, traceback=record.error)]
+        return f"builtins.{kind}"
+    return kind
 
 
 def _worker_ids(record: TaskRecord) -> list[str]:

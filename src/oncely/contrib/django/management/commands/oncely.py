@@ -9,10 +9,12 @@ The arguments go to oncely's own command line unchanged, with `--app` set to
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from typing import Any
 
+import click
 from django.core.management.base import BaseCommand
 
 from .....cli import cli
@@ -31,13 +33,40 @@ def oncely_args(args: list[str]) -> list[str]:
     return ["--app", app_spec(), *args]
 
 
+_HELP = {
+    "app_spec": 'Where your Oncely app lives (MODULE:ATTR; default: settings.ONCELY["APP"]).',
+    "database_url": (
+        'Database to use instead of settings.ONCELY["DATABASE"]\'s (a URL; '
+        "Django's settings, not the environment, say which database)."
+    ),
+}
+
+
+def django_cli() -> click.Group:
+    """oncely's command line as `manage.py oncely` runs it: the app and the database come
+    from Django's settings, so `--app` and `--database-url` read no environment variable
+    and their help names none."""
+    group = copy.copy(cli)
+    group.params = [_from_settings(param) for param in cli.params]
+    return group
+
+
+def _from_settings(param: click.Parameter) -> click.Parameter:
+    if param.name not in _HELP or not isinstance(param, click.Option):
+        return param
+    option = copy.copy(param)
+    option.envvar = None
+    option.help = _HELP[param.name]
+    return option
+
+
 class Command(BaseCommand):
     help = "oncely's command line on this project's app and database (see `oncely --help`)."
 
     def run_from_argv(self, argv: list[str]) -> None:
         # Not Django's argument parser: oncely's own, so options and exit codes are its own.
         prog = f"{argv[0].rsplit('/', 1)[-1]} {argv[1]}"
-        cli.main(args=oncely_args(argv[2:]), prog_name=prog, standalone_mode=True)
+        django_cli().main(args=oncely_args(argv[2:]), prog_name=prog, standalone_mode=True)
 
     def add_arguments(self, parser: Any) -> None:
         # For call_command: everything after the command's name is oncely's.
@@ -47,7 +76,9 @@ class Command(BaseCommand):
         """`call_command("oncely", "history")`: the same command line; its exit code is
         raised as SystemExit when it is not 0."""
         try:
-            cli.main(args=oncely_args(list(args)), prog_name="oncely", standalone_mode=True)
+            django_cli().main(
+                args=oncely_args(list(args)), prog_name="oncely", standalone_mode=True
+            )
         except SystemExit as exit_:
             if exit_.code not in (0, None):
                 raise
