@@ -393,12 +393,13 @@ class Control:
             return {}
         return {r.job: _pause(r) for r in await self.store._read(sql.pauses_in_force())}
 
-    async def pause_in(self, session: AsyncSession, job: str) -> Pause | None:
-        """The pause in force of a job, read in an attempt's open transaction."""
+    async def pause_in(self, session: AsyncSession, job: str, slot: datetime) -> Pause | None:
+        """The pause of a job that holds the slot's time (paused_at <= slot < resumed_at, or
+        still open), read in an attempt's open transaction."""
         if not self.store.has_control:
             return None
         with self.store.translate():
-            row = (await session.execute(sql.pause_of(job))).first()
+            row = (await session.execute(sql.pause_covering(job, slot))).first()
         return _pause(row) if row is not None else None
 
     async def job_pauses(self, job: str) -> list[Pause]:
@@ -406,11 +407,15 @@ class Control:
         await self._need()
         return [_pause(r) for r in await self.store._read(sql.job_pauses(job))]
 
-    async def last_resumes(self) -> dict[str, datetime]:
-        """When each job was last resumed: a worker's catch-up does not look back past it."""
+    async def pauses_since(self, since: datetime | None) -> dict[str, list[Pause]]:
+        """By job, every pause still open or ended after `since`, oldest first (none on a
+        database without the control plane)."""
         if not self.store.has_control:
             return {}
-        return {r.job: r.resumed_at for r in await self.store._read(sql.last_resumes())}
+        found: dict[str, list[Pause]] = {}
+        for row in await self.store._read(sql.pauses_since(since)):
+            found.setdefault(row.job, []).append(_pause(row))
+        return found
 
     async def pause(self, action: Action) -> Pause:
         """Put a pause of a job in force, with its audit row; refused if one is."""
