@@ -504,21 +504,31 @@ class Oncely:
         return slots
 
     async def backfill_plan(
-        self, job: str, start: datetime, end: datetime, *, max_slots: int = DEFAULT_MAX_SLOTS
+        self,
+        job: str,
+        start: datetime,
+        end: datetime,
+        *,
+        max_slots: int = DEFAULT_MAX_SLOTS,
+        allow_future: bool = False,
     ) -> list[PlannedSlot]:
         """Every slot of `job` in [start, end) with what `backfill` would do with it: `would
-        run`, `already ran` (its claim) or `running now` (its attempt). Changes nothing."""
+        run`, `already ran` (its claim), `running now` (its attempt) or `not due` (later than
+        the database's clock: refused unless `allow_future`). Changes nothing."""
         slots = self.backfill_slots(job, start, end, max_slots)
         await self.store.ensure_schema()
         control = self.store.control
         claims = await control.claims(job, [key for _, key in slots])
         running = {a.key: a for a in await control.running(job)}
+        db_now = await self.store.database_time()
         plan = []
         for slot, key in slots:
             if key in claims:
                 plan.append(PlannedSlot(job, key, slot, "already ran", claim=claims[key]))
             elif key in running:
                 plan.append(PlannedSlot(job, key, slot, "running now", running=running[key]))
+            elif slot > db_now and not allow_future:
+                plan.append(PlannedSlot(job, key, slot, "not due"))
             else:
                 plan.append(PlannedSlot(job, key, slot, "would run"))
         return plan
@@ -534,14 +544,25 @@ class Oncely:
         reason: str | None = None,
         stop: asyncio.Event | None = None,
         on_result: Callable[[RunResult], None] | None = None,
+        allow_future: bool = False,
     ) -> list[RunResult]:
         """Run the free slots of `job` in [start, end), oldest first, each as `run(now=slot)`
         would (its claim, its transaction: a slot that ran is skipped); one audit row. A set
-        `stop` ends it after the current slot. The jobs's pause does not stop a backfill."""
-        plan = await self.backfill_plan(job, start, end, max_slots=max_slots)
+        `stop` ends it after the current slot. The jobs's pause does not stop a backfill.
+
+        A range holding a slot later than the database's clock is refused (BadInputError,
+        audited, nothing ran): run early, its claim would make the real slot skip when it
+        comes due. `allow_future=True` runs such slots on purpose (audited as such)."""
+        plan = await self.backfill_plan(
+            job, start, end, max_slots=max_slots, allow_future=allow_future
+        )
         definition = self.registry.job(job)
+        target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
+        action = self._action("backfill", definition.name, target, actor, reason)
+        await self._refuse_not_due(action, plan)
         results: list[RunResult] = []
         free = [p for p in plan if p.action == "would run"]
+        future = await self._future_allowed(free) if allow_future else 0
         for planned in free:
             if stop is not None and stop.is_set():
                 break
@@ -555,10 +576,41 @@ class Oncely:
         summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "nothing to run"
         if len(results) < len(free):
             summary += f"; stopped after {len(results)} of {len(free)} free slots"
-        target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
-        action = self._action("backfill", definition.name, target, actor, reason)
+        if future:
+            ahead = f"{future} slot{'s' if future != 1 else ''}"
+            summary += f"; --allow-future: {ahead} ahead of the database's clock"
         await self.store.control.audited(action, summary)
         return results
+
+    async def _refuse_not_due(self, action: Action, plan: list[PlannedSlot]) -> None:
+        """Refuse (with an audit row) a backfill whose range holds slots not due yet."""
+        ahead = [p for p in plan if p.action == "not due"]
+        if not ahead:
+            return
+        error = BadInputError(
+            f"the range holds {len(ahead)} slots of {action.job!r} not due yet (the first at "
+            f"{ahead[0].slot.isoformat()}, later than the database's clock): nothing ran; end "
+            "the range at the present, or pass --allow-future (allow_future=True) to run them "
+            "now, after which the real slots are skipped when they come due"
+        )
+        await self.store.control.refused(action, error)
+        raise error
+
+    async def _future_allowed(self, free: list[PlannedSlot]) -> int:
+        """Report each slot a backfill runs ahead of the database's clock on purpose."""
+        db_now = await self.store.database_time()
+        ahead = [p for p in free if p.slot > db_now]
+        for planned in ahead:
+            events.emit(
+                "run.future_allowed",
+                "running a future slot on purpose (allow_future): it will be skipped when due",
+                level=logging.WARNING,
+                job=planned.job,
+                key=planned.key,
+                slot=planned.slot.isoformat(),
+                database_now=db_now.isoformat(),
+            )
+        return len(ahead)
 
     async def _backfill_one(self, definition: Job, planned: PlannedSlot) -> RunResult:
         """Run one slot of a backfill; a slot someone holds (busy) or that waits for another
