@@ -390,13 +390,32 @@ class Oncely:
         how many wait; None if no worker is live (or this database does not record workers)."""
         return await self.store.tasks.unrunnable(3 * ANNOUNCE_EVERY)
 
-    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
-        """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not
-        run the slots the old one ran; (claims moved, claims left under `old`)."""
+    async def rename(
+        self,
+        old: str,
+        new: str,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[int, int]:
+        """Carry a renamed job's ledger from `old` to `new` (logged and audited), so the new
+        name does not run the slots the old one ran; (claims moved, claims left under `old`).
+
+        Refused (BadInputError, nothing changed) while `old` is still a job of this app: its
+        workers would run its slots again under the old name. `force` moves the claims
+        anyway, and also the keys `new` does not have when `new` already has claims."""
         self.registry.check_name(new)
         if old == new:
             raise BadInputError(f"rename {old!r} to itself: nothing to do")
-        moved, left = await self.store.rename(old, new, force=force)
+        if not force and old in {job.name for job in self.registry}:
+            raise BadInputError(
+                f"job {old!r} is still registered in this app: its workers would run the "
+                "moved slots again under the old name; nothing renamed (run the rename with "
+                "the release that names it only NEW, or pass --force)"
+            )
+        action = self._action("rename", new, f"{old} -> {new}", actor, reason)
+        moved, left = await self.store.control.rename(action, old, new, force=force)
         events.emit(
             "run.renamed",
             "claims carried to the job's new name",

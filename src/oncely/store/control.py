@@ -460,6 +460,30 @@ class Control:
 
     # -- release, cancel ----------------------------------------------------------------
 
+    async def rename(self, action: Action, old: str, new: str, *, force: bool) -> tuple[int, int]:
+        """Carry job `old`'s claims to `new` with the action's audit row, in one transaction;
+        (claims moved, claims left under `old` because `new` has the same key).
+
+        Refused (BadInputError, nothing written) if `old` has no claims, or if `new` already
+        has some (unless `force`).
+        """
+        await self._need()
+        async with self._write() as conn:
+            has_old = (await conn.execute(sql.claim_count(old))).scalar_one()
+            has_new = (await conn.execute(sql.claim_count(new))).scalar_one()
+            if not has_old:
+                raise BadInputError(f"job {old!r} has no claims: nothing to rename")
+            if has_new and not force:
+                raise BadInputError(
+                    f"job {new!r} already has {has_new} claims: nothing renamed "
+                    "(--force moves the keys it does not have)"
+                )
+            moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
+            left = int(has_old) - moved
+            forced = " (--force)" if force else ""
+            await self._audit(conn, action, f"moved {moved} claims, left {left}{forced}")
+        return moved, left
+
     async def release(self, action: Action, job: str, key: str, *, force: bool) -> Claim | None:
         """Delete one claim with its audit row. Refused (with a row) while an attempt at the
         slot runs, unless `force`; None (nothing written) if there is no claim."""
