@@ -481,16 +481,19 @@ class Oncely:
     async def pause(
         self, job: str, *, reason: str | None = None, actor: str | None = None
     ) -> Pause:
-        """Stop starting slots of a job, everywhere, from the next scheduling step on (a slot
-        already running finishes). Slots that fall inside the pause are not caught up on
-        resume: `backfill` runs them. Audited; refused if the job is paused already."""
+        """Stop starting the job's slots whose time is at or after now (the database's
+        clock), everywhere, from the next scheduling step on (a slot already running
+        finishes; slots before the pause are not affected). Slots that fall inside the pause
+        are not caught up on resume: `backfill` runs them. Audited; refused if the job is
+        paused already."""
         name = self.registry.job(job).name
         return await self.store.control.pause(self._action("pause", name, name, actor, reason))
 
     async def resume(
         self, job: str, *, reason: str | None = None, actor: str | None = None
     ) -> Pause:
-        """End a job's pause (audited); the pause that ended. Refused if it is not paused."""
+        """End a job's pause at the database's clock (audited): slots from then on run as
+        usual; the pause that ended. Refused if it is not paused."""
         name = self.registry.job(job).name
         return await self.store.control.resume(self._action("resume", name, name, actor, reason))
 

@@ -47,9 +47,10 @@ def _texts(**values: str | None) -> None:
 @click.pass_obj
 @handled
 def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json: bool) -> None:
-    """Stop starting slots of JOB everywhere (a running slot finishes); `resume` undoes it.
+    """Stop starting JOB's slots from now on, everywhere (a running slot finishes).
 
-    Slots that fall inside the pause are not caught up on resume: `backfill` runs them.
+    The pause covers the slots whose time is at or after it (slots before it still run);
+    those that fall inside it are not caught up on resume: `backfill` runs them.
     """
     known_job(obj.app, job)
     _texts(reason=reason, actor=actor)
@@ -68,7 +69,7 @@ def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json
 @click.pass_obj
 @handled
 def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_json: bool) -> None:
-    """Start JOB's slots again from the next one due (the paused ones are not caught up)."""
+    """End JOB's pause now: later slots run as usual (the paused ones are not caught up)."""
     known_job(obj.app, job)
     _texts(reason=reason, actor=actor)
     done = obj.call(lambda app: app.resume(job, reason=reason, actor=actor))
