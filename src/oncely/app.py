@@ -390,13 +390,32 @@ class Oncely:
         how many wait; None if no worker is live (or this database does not record workers)."""
         return await self.store.tasks.unrunnable(3 * ANNOUNCE_EVERY)
 
-    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
-        """Carry a renamed job's ledger from `old` to `new` (logged), so the new name does not
-        run the slots the old one ran; (claims moved, claims left under `old`)."""
+    async def rename(
+        self,
+        old: str,
+        new: str,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[int, int]:
+        """Carry a renamed job's ledger from `old` to `new` (logged and audited), so the new
+        name does not run the slots the old one ran; (claims moved, claims left under `old`).
+
+        Refused (BadInputError, nothing changed) while `old` is still a job of this app: its
+        workers would run its slots again under the old name. `force` moves the claims
+        anyway, and also the keys `new` does not have when `new` already has claims."""
         self.registry.check_name(new)
         if old == new:
             raise BadInputError(f"rename {old!r} to itself: nothing to do")
-        moved, left = await self.store.rename(old, new, force=force)
+        if not force and old in {job.name for job in self.registry}:
+            raise BadInputError(
+                f"job {old!r} is still registered in this app: its workers would run the "
+                "moved slots again under the old name; nothing renamed (run the rename with "
+                "the release that names it only NEW, or pass --force)"
+            )
+        action = self._action("rename", new, f"{old} -> {new}", actor, reason)
+        moved, left = await self.store.control.rename(action, old, new, force=force)
         events.emit(
             "run.renamed",
             "claims carried to the job's new name",
@@ -462,16 +481,19 @@ class Oncely:
     async def pause(
         self, job: str, *, reason: str | None = None, actor: str | None = None
     ) -> Pause:
-        """Stop starting slots of a job, everywhere, from the next scheduling step on (a slot
-        already running finishes). Slots that fall inside the pause are not caught up on
-        resume: `backfill` runs them. Audited; refused if the job is paused already."""
+        """Stop starting the job's slots whose time is at or after now (the database's
+        clock), everywhere, from the next scheduling step on (a slot already running
+        finishes; slots before the pause are not affected). Slots that fall inside the pause
+        are not caught up on resume: `backfill` runs them. Audited; refused if the job is
+        paused already."""
         name = self.registry.job(job).name
         return await self.store.control.pause(self._action("pause", name, name, actor, reason))
 
     async def resume(
         self, job: str, *, reason: str | None = None, actor: str | None = None
     ) -> Pause:
-        """End a job's pause (audited); the pause that ended. Refused if it is not paused."""
+        """End a job's pause at the database's clock (audited): slots from then on run as
+        usual; the pause that ended. Refused if it is not paused."""
         name = self.registry.job(job).name
         return await self.store.control.resume(self._action("resume", name, name, actor, reason))
 
@@ -504,21 +526,31 @@ class Oncely:
         return slots
 
     async def backfill_plan(
-        self, job: str, start: datetime, end: datetime, *, max_slots: int = DEFAULT_MAX_SLOTS
+        self,
+        job: str,
+        start: datetime,
+        end: datetime,
+        *,
+        max_slots: int = DEFAULT_MAX_SLOTS,
+        allow_future: bool = False,
     ) -> list[PlannedSlot]:
         """Every slot of `job` in [start, end) with what `backfill` would do with it: `would
-        run`, `already ran` (its claim) or `running now` (its attempt). Changes nothing."""
+        run`, `already ran` (its claim), `running now` (its attempt) or `not due` (later than
+        the database's clock: refused unless `allow_future`). Changes nothing."""
         slots = self.backfill_slots(job, start, end, max_slots)
         await self.store.ensure_schema()
         control = self.store.control
         claims = await control.claims(job, [key for _, key in slots])
         running = {a.key: a for a in await control.running(job)}
+        db_now = await self.store.database_time()
         plan = []
         for slot, key in slots:
             if key in claims:
                 plan.append(PlannedSlot(job, key, slot, "already ran", claim=claims[key]))
             elif key in running:
                 plan.append(PlannedSlot(job, key, slot, "running now", running=running[key]))
+            elif slot > db_now and not allow_future:
+                plan.append(PlannedSlot(job, key, slot, "not due"))
             else:
                 plan.append(PlannedSlot(job, key, slot, "would run"))
         return plan
@@ -534,16 +566,27 @@ class Oncely:
         reason: str | None = None,
         stop: asyncio.Event | None = None,
         on_result: Callable[[RunResult], None] | None = None,
+        allow_future: bool = False,
         audit_as: str = "backfill",
     ) -> list[RunResult]:
         """Run the free slots of `job` in [start, end), oldest first, each as `run(now=slot)`
         would (its claim, its transaction: a slot that ran is skipped); one audit row, whose
         action is `audit_as` (the dashboard's "Run slot now" says `run_slot`). A set `stop`
-        ends it after the current slot. The jobs's pause does not stop a backfill."""
-        plan = await self.backfill_plan(job, start, end, max_slots=max_slots)
+        ends it after the current slot. The jobs's pause does not stop a backfill.
+
+        A range holding a slot later than the database's clock is refused (BadInputError,
+        audited, nothing ran): run early, its claim would make the real slot skip when it
+        comes due. `allow_future=True` runs such slots on purpose (audited as such)."""
+        plan = await self.backfill_plan(
+            job, start, end, max_slots=max_slots, allow_future=allow_future
+        )
         definition = self.registry.job(job)
+        target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
+        action = self._action(audit_as, definition.name, target, actor, reason)
+        await self._refuse_not_due(action, plan)
         results: list[RunResult] = []
         free = [p for p in plan if p.action == "would run"]
+        future = await self._future_allowed(free) if allow_future else 0
         for planned in free:
             if stop is not None and stop.is_set():
                 break
@@ -557,10 +600,41 @@ class Oncely:
         summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "nothing to run"
         if len(results) < len(free):
             summary += f"; stopped after {len(results)} of {len(free)} free slots"
-        target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
-        action = self._action(audit_as, definition.name, target, actor, reason)
+        if future:
+            ahead = f"{future} slot{'s' if future != 1 else ''}"
+            summary += f"; --allow-future: {ahead} ahead of the database's clock"
         await self.store.control.audited(action, summary)
         return results
+
+    async def _refuse_not_due(self, action: Action, plan: list[PlannedSlot]) -> None:
+        """Refuse (with an audit row) a backfill whose range holds slots not due yet."""
+        ahead = [p for p in plan if p.action == "not due"]
+        if not ahead:
+            return
+        error = BadInputError(
+            f"the range holds {len(ahead)} slots of {action.job!r} not due yet (the first at "
+            f"{ahead[0].slot.isoformat()}, later than the database's clock): nothing ran; end "
+            "the range at the present, or pass --allow-future (allow_future=True) to run them "
+            "now, after which the real slots are skipped when they come due"
+        )
+        await self.store.control.refused(action, error)
+        raise error
+
+    async def _future_allowed(self, free: list[PlannedSlot]) -> int:
+        """Report each slot a backfill runs ahead of the database's clock on purpose."""
+        db_now = await self.store.database_time()
+        ahead = [p for p in free if p.slot > db_now]
+        for planned in ahead:
+            events.emit(
+                "run.future_allowed",
+                "running a future slot on purpose (allow_future): it will be skipped when due",
+                level=logging.WARNING,
+                job=planned.job,
+                key=planned.key,
+                slot=planned.slot.isoformat(),
+                database_now=db_now.isoformat(),
+            )
+        return len(ahead)
 
     async def _backfill_one(self, definition: Job, planned: PlannedSlot) -> RunResult:
         """Run one slot of a backfill; a slot someone holds (busy) or that waits for another

@@ -165,7 +165,9 @@ EVENTS: dict[str, list[Update]] = {
         Update("oncely_run_duration_seconds", lambda f: (_job(f), "timeout"), "duration_ms"),
     ],
     "run.cancelled": _run("cancelled"),
-    "run.paused": _run("paused"),
+    "run.paused": [  # the worker reports a range of paused slots at once (`count`)
+        Update("oncely_runs_total", lambda f: (_job(f), "paused"), count="count")
+    ],
     "run.missed": [Update("oncely_slots_missed_total", lambda f: (_job(f),), count="count")],
     "run.overlap_skipped": [Update("oncely_slots_overlap_skipped_total", lambda f: (_job(f),))],
     "task.enqueued": _task_state("enqueued"),

@@ -206,7 +206,8 @@ class PlannedSlot:
     key: str
     slot: datetime
     action: str
-    """`would run`, `already ran` (see `claim`) or `running now` (see `running`)."""
+    """`would run`, `already ran` (see `claim`), `running now` (see `running`) or `not due`
+    (later than the database's clock: a backfill refuses it unless told to run it early)."""
     claim: Claim | None = None
     running: Attempt | None = None
 

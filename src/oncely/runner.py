@@ -414,8 +414,9 @@ async def attempt_slot(
     """Claim → call → commit for one slot, in a session of its own; what it came to.
 
     A job whose transaction is a framework's (`Job.attempt`) runs the same three steps there.
-    With `check_pause`, a claimed slot of a paused job is rolled back before the call
-    (the pause is read in the attempt's transaction: one statement, no connection of its own).
+    With `check_pause`, a claimed slot whose time lies inside a pause of the job is rolled back
+    before the call (the pause is read in the attempt's transaction: one statement, no
+    connection of its own).
     """
     if job.attempt is not None:  # a framework's transaction (Django's)
         framework: Outcome = await job.attempt(store, job, slot, request)
@@ -425,7 +426,7 @@ async def attempt_slot(
         async with store.attempt() as session:
             outcome = await _claim(store, session, request)
             if outcome is None and check_pause:
-                outcome = await _paused(store, session, job)
+                outcome = await _paused(store, session, job, slot)
             if outcome is None:
                 await record.claimed(job)
                 outcome = await _call(store, job, session, slot, Watch(store, job, record))
@@ -439,8 +440,9 @@ async def attempt_slot(
     return outcome
 
 
-async def _paused(store: Store, session: AsyncSession, job: Job) -> Outcome | None:
-    pause = await store.control.pause_in(session, job.name)
+async def _paused(store: Store, session: AsyncSession, job: Job, slot: datetime) -> Outcome | None:
+    """A pause whose interval holds the slot's time (not merely one in force now)."""
+    pause = await store.control.pause_in(session, job.name, slot)
     if pause is None:
         return None
     await store.abandon(session)  # the claim rolls back: the slot stays free
@@ -548,8 +550,9 @@ async def run_slot(
     """Run one slot of a job once, if nobody has; never raises for the job's own errors.
 
     `context` adds fields to every event of this attempt (the worker adds `latency_ms`).
-    With `check_pause`, a paused job's slot is not started (`paused`): `oncely run` asks,
-    the worker reads the pauses once per scheduling step instead.
+    With `check_pause`, a slot whose time lies inside a pause of the job is not started
+    (`paused`): the worker's scheduler decided it from the pauses it read, and this check, in
+    the attempt's transaction, catches a pause committed since.
     """
     started = time.perf_counter()
     fields: dict[str, Any] = {

@@ -28,6 +28,15 @@ while this worker knows the job's previous slot is still running (its own attemp
 it found busy and is still retrying); ``"allow"`` starts it anyway. Uniqueness per slot is
 the claim's business and always on.
 
+Pauses are intervals [paused_at, resumed_at) of a job, handed in by the loop. A slot whose
+time lies inside a closed pause is reported paused (never run by the worker); slots before a
+pause and after its resume are due as usual, so catch-up across a pause covers both sides.
+A slot inside a pause still open is *held*: neither run nor settled, because the resume may
+land (its time is the database's clock of its statement, its commit may come later) before
+the slot's time. Once the pause is seen closed, the held slots are decided: inside it,
+paused; after its resume, due, every one of them (up to MAX_CATCH_UP, within the window),
+because a worker was alive and waiting for them.
+
 A slot found busy (someone holds it right now) is not settled: it is retried with a short,
 growing, jittered delay until someone claims it or it leaves the catch-up window (older than
 `grace`, or NONE_WINDOW for `none`), so a holder that dies mid-run does not lose the slot.
@@ -41,7 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .model import RunStatus
+from .model import Pause, RunStatus
 from .registry import Job
 from .schedule import EverySchedule
 
@@ -53,6 +62,9 @@ BUSY_RETRY_FIRST = 0.05
 """Seconds before the first retry of a busy slot; the delay doubles up to BUSY_RETRY_MAX."""
 BUSY_RETRY_MAX = 1.0
 """The longest wait between two retries of a busy slot, in seconds."""
+HOLD_POLL = timedelta(seconds=1)
+"""While slots are held by an open pause, how often the loop reads the pauses again."""
+_TICK = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,19 @@ class OverlapSkipped:
     """The slot known to be running, when it is known."""
 
 
-Action = Run | Missed | OverlapSkipped
+@dataclass(frozen=True)
+class Paused:
+    """Slots of the job not started because their time lies inside a (closed) pause of it."""
+
+    job: Job
+    count: int
+    first: datetime
+    last: datetime
+    pause: Pause
+    """The pause they fall in."""
+
+
+Action = Run | Missed | OverlapSkipped | Paused
 
 
 @dataclass
@@ -112,6 +136,10 @@ class JobState:
     """Slots being retried right now, with how many times they were found busy."""
     synced: bool = False
     """Whether the ledger was read since the last time more than one slot came due."""
+    pauses: tuple[Pause, ...] = ()
+    """The job's pauses that may still cover an unsettled slot, oldest first."""
+    held_until: datetime | None = None
+    """While an open pause holds the next slot: when to look at the pauses again."""
 
     def set_floor(self, floor: datetime) -> None:
         self.floor = floor
@@ -183,6 +211,23 @@ class Scheduler:
         state.set_floor(floor)
         state.synced = True
 
+    def set_pauses(self, pauses: dict[str, list[Pause]]) -> None:
+        """Take the pauses just read (by job); a job missing from `pauses` has none."""
+        for name, state in self.states.items():
+            state.pauses = tuple(sorted(pauses.get(name, ()), key=lambda p: p.paused_at))
+
+    def wants_pauses(self, now: datetime) -> bool:
+        """Whether a job has a slot to decide at `now` (the loop reads the pauses first)."""
+        return any(
+            s.floor is not None and s.next_slot is not None and s.next_slot <= now
+            for s in self.states.values()
+        )
+
+    def pause_floor(self) -> datetime | None:
+        """The oldest floor: a pause that ended at or before it covers no unsettled slot."""
+        floors = [s.floor for s in self.states.values() if s.floor is not None]
+        return min(floors) if floors else None
+
     # -- deciding -------------------------------------------------------------------------
 
     def due(self, now: datetime) -> list[Action]:
@@ -214,15 +259,30 @@ class Scheduler:
         job = state.job
         old_floor = state.floor
         assert old_floor is not None
-        keep = MAX_CATCH_UP if job.catch_up == "all" else 1
-        slots, count = due_slots(job, old_floor, now, keep)
-        state.set_floor(slots[-1])
-        state.synced = False
+        horizon = _horizon(state, now)
+        keep = MAX_CATCH_UP if job.catch_up == "all" or state.held_until is not None else 1
+        paused, slots, count, after = _partition(job, state.pauses, old_floor, horizon, keep)
+        newest = max([*slots, *(p.last for p in paused)], default=None)
+        actions: list[Action] = list(paused)
+        if newest is not None:
+            state.set_floor(newest)
+            state.synced = False
+            if count:
+                actions.extend(self._decide(state, after, slots, count, now))
+        held = horizon < now and state.next_slot is not None and state.next_slot <= now
+        state.held_until = now + HOLD_POLL if held else None  # an open pause holds the next
+        return actions
+
+    def _decide(
+        self, state: JobState, after: datetime, slots: list[datetime], count: int, now: datetime
+    ) -> list[Action]:
+        """Catch-up, grace and overlap for the slots kept (of `count` due outside pauses)."""
+        job = state.job
         limit = window(job)
         runnable = [s for s in slots if limit is None or now - s <= limit]
         actions: list[Action] = []
         if count > len(runnable):
-            actions.append(_missed(job, old_floor, slots, runnable, count))
+            actions.append(_missed(job, after, slots, runnable, count))
         if not runnable:
             return actions
         if job.overlap == "skip" and (state.running or state.pending):
@@ -259,10 +319,52 @@ class Scheduler:
             state.retrying.pop(slot, None)
 
     def next_wake(self) -> datetime | None:
-        """The earliest time anything can come due: a job's next slot or a retry."""
-        times = [s.next_slot for s in self.states.values() if s.next_slot is not None]
+        """The earliest time anything can come due: a job's next slot or a retry (or, for a
+        job whose next slot an open pause holds, the next look at the pauses)."""
+        times = [
+            s.held_until or s.next_slot for s in self.states.values() if s.next_slot is not None
+        ]
         times.extend(p.retry_at for s in self.states.values() for p in s.pending.values())
         return min(times) if times else None
+
+
+def _horizon(state: JobState, now: datetime) -> datetime:
+    """The latest time slots may be decided at `now`: just before an open pause's start."""
+    for pause in state.pauses:
+        if pause.resumed_at is None and pause.paused_at <= now:
+            return pause.paused_at - _TICK
+    return now
+
+
+def _partition(
+    job: Job, pauses: tuple[Pause, ...], floor: datetime, horizon: datetime, keep: int
+) -> tuple[list[Paused], list[datetime], int, datetime]:
+    """The slots in (floor, horizon]: a report for each closed pause holding some; the newest
+    `keep` slots outside every pause, oldest first; how many lie outside every pause; and the
+    time after which the first of those lies (for the missed report's span)."""
+    paused: list[Paused] = []
+    gaps: list[tuple[datetime, datetime]] = []  # (after, up to]: the stretches outside pauses
+    low = floor
+    for pause in pauses:
+        if pause.resumed_at is None or pause.resumed_at <= low or pause.paused_at > horizon:
+            continue
+        start, end = max(low, pause.paused_at - _TICK), min(horizon, pause.resumed_at - _TICK)
+        if pause.paused_at - _TICK > low:
+            gaps.append((low, pause.paused_at - _TICK))
+        inside, n = due_slots(job, start, end, 1)
+        if n:
+            first = job.schedule.next_after(start) or inside[0]
+            paused.append(Paused(job, n, first, inside[-1], pause))
+        low = max(low, end)
+    if low < horizon:
+        gaps.append((low, horizon))
+    slots: list[datetime] = []
+    count = 0
+    for after, upto in reversed(gaps):
+        found, n = due_slots(job, after, upto, keep - len(slots))
+        slots[:0] = found
+        count += n
+    return paused, slots, count, gaps[0][0] if gaps else floor
 
 
 def _missed(

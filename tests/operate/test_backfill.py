@@ -55,3 +55,44 @@ def test_two_applies_at_once_run_each_slot_once(env: Env) -> None:
     assert len(effects) == len(set(effects)) == 24
     ran = [r for out, _ in outs for r in json.loads(out) if r["status"] == "ran"]
     assert len(ran) == 19  # between the two of them
+
+
+FUTURE = ["--from", "2031-01-01T00:00:00Z", "--to", "2031-01-01T03:00:00Z"]
+
+
+def test_a_backfill_of_future_slots_is_refused_and_changes_nothing(env: Env) -> None:
+    planned = json.loads(env.cli("backfill", "hourly", *FUTURE, "--json").stdout)
+    assert [p["action"] for p in planned] == ["not due"] * 3
+    refused = env.cli("backfill", "hourly", *FUTURE, "--apply")
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "3 slots of 'hourly' not due yet" in lines[0], refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert env.effects("hourly") == []
+    assert env.rows("SELECT count(*) FROM oncely_runs")[0][0] == 0
+    ((action, _target, result, _actor),) = env.audit()
+    assert action == "backfill" and result.startswith("refused: the range holds 3 slots")
+
+
+def test_a_backfill_range_ending_in_the_future_is_refused(env: Env) -> None:
+    now = env.db_now()
+    start, end = now - timedelta(seconds=5), now + timedelta(seconds=90)
+    span = ["--from", start.isoformat(), "--to", end.isoformat()]
+    plan = json.loads(env.cli("backfill", "tick", *span, "--json").stdout)
+    due = [p for p in plan if p["action"] == "would run"]
+    ahead = [p for p in plan if p["action"] == "not due"]
+    assert len(due) >= 4 and len(ahead) >= 80, plan
+    assert all(p["slot"] > a["slot"] for p in ahead for a in due)
+    refused = env.cli("backfill", "tick", *span, "--apply")
+    assert refused.returncode == 2 and "not due yet" in refused.stderr
+    assert env.effects("tick") == []  # not even the past ones: the whole range is refused
+
+
+def test_allow_future_runs_them_on_purpose_and_says_so_in_the_audit(env: Env) -> None:
+    applied = env.cli("backfill", "hourly", *FUTURE, "--apply", "--allow-future", "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert [r["status"] for r in json.loads(applied.stdout)] == ["ran"] * 3
+    assert len(env.effects("hourly")) == 3
+    ((action, _target, result, _actor),) = env.audit()
+    assert action == "backfill"
+    assert result == "ran 3; --allow-future: 3 slots ahead of the database's clock"

@@ -1,6 +1,7 @@
 """Pause and resume: three real worker processes and an every-second job. A pause stops
-every worker from the next scheduling step on, `oncely run` prints it and exits 0, a resume
-starts the slots again without catching up the paused ones, and explain calls them paused."""
+every worker from the next scheduling step on, `oncely run` of a slot inside it prints it and
+exits 0, a resume starts the slots again without catching up the paused ones, and explain
+calls them paused; a slot before the pause is outside it and runs."""
 
 from __future__ import annotations
 
@@ -83,9 +84,33 @@ def test_pause_twice_is_refused_and_audited(env: Env) -> None:
 
 
 def test_run_json_says_paused(env: Env) -> None:
-    assert env.cli("pause", "hourly", "--reason", "maintenance").returncode == 0
-    done = env.cli("run", "hourly", "--now", "2026-11-30T10:00:00Z", "--json")
+    assert env.cli("pause", "tick", "--reason", "maintenance").returncode == 0
+    paused_at = _paused_at(env, "tick")
+    wait_until(lambda: env.db_now() >= paused_at + STEP, 10, "a slot inside the pause")
+    inside = (paused_at + STEP).replace(microsecond=0)
+    done = env.cli("run", "tick", "--now", iso(inside), "--json")
     assert done.returncode == 0
     data = json.loads(done.stdout)
     assert (data["status"], data["paused"]["reason"]) == ("paused", "maintenance")
-    assert env.effects("hourly") == []
+    assert env.effects("tick") == []
+    answer = json.loads(env.cli("explain", "tick", "--slot", iso(inside), "--json").stdout)
+    assert answer["answer"] == "paused", answer
+
+
+def test_run_of_a_slot_before_the_pause_runs_while_the_pause_is_in_force(env: Env) -> None:
+    # the pause covers the slots from its start on, not every slot while it is in force
+    assert env.cli("pause", "hourly", "--reason", "maintenance").returncode == 0
+    done = env.cli("run", "hourly", "--now", "2026-11-30T10:00:00Z", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "ran"
+    assert env.effects("hourly") == ["2026-11-30T10:00:00+00:00"]
+    slot = "2026-11-30T10:00:00Z"
+    answer = json.loads(env.cli("explain", "hourly", "--slot", slot, "--json").stdout)
+    assert answer["answer"] == "ran", answer
+
+
+def _paused_at(env: Env, job: str) -> datetime:
+    listed = json.loads(env.cli("list", "--json").stdout)
+    return datetime.fromisoformat(
+        next(j for j in listed if j["name"] == job)["paused"]["paused_at"]
+    )

@@ -13,12 +13,13 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from tests.conftest import ROOT
-from tests.reliability.helpers import APP, engine_for, snapshot
+from tests.reliability.helpers import APP, engine_for, one_clear_line, snapshot
 
 from oncely.cli import cli
 
 NOW = "2026-12-01T10:00:00Z"
 KEY = "2026-12-01T10:00:00Z"
+RENAMED = "tests.apps.reliab_app_renamed:app"
 
 
 def invoke(db_url: str, *args: str) -> Result:
@@ -70,23 +71,59 @@ def test_release_of_a_running_slot_is_refused(db_url: str, tmp_path: Path) -> No
     assert claims(db_url) == []
 
 
+def renamed(db_url: str, *args: str) -> Result:
+    """`oncely ARGS` with the next release's app, where `minutely` is `every_minute`."""
+    sys.modules.pop(RENAMED.split(":")[0], None)
+    return CliRunner().invoke(cli, ["--app", RENAMED, "--database-url", db_url, *args])
+
+
+def audit(db_url: str) -> list[tuple[str, str, str]]:
+    engine = engine_for(db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT action, target, result FROM oncely_audit ORDER BY id"))
+        return [tuple(r) for r in rows.all()]  # type: ignore[misc]
+
+
 def test_rename_carries_the_ledger(db_url: str) -> None:
     assert invoke(db_url, "migrate").exit_code == 0
     assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
     assert invoke(db_url, "run", "minutely", "--now", "2026-12-01T10:01:00Z").exit_code == 0
-    done = invoke(db_url, "rename", "minutely", "every_minute")
+    done = renamed(db_url, "rename", "minutely", "every_minute")
     assert done.exit_code == 0, done.output
     assert "2 claims moved" in done.stdout
     assert claims(db_url) == [("every_minute", KEY), ("every_minute", "2026-12-01T10:01:00Z")]
+    assert audit(db_url) == [("rename", "minutely -> every_minute", "moved 2 claims, left 0")]
     # NEW has claims now: a second rename into it is refused unless forced.
     assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
     before = snapshot(db_url)
-    refused = invoke(db_url, "rename", "minutely", "every_minute")
+    refused = renamed(db_url, "rename", "minutely", "every_minute")
     assert refused.exit_code == 2 and "already has 2 claims" in refused.stderr, refused.output
     assert snapshot(db_url) == before
-    forced = invoke(db_url, "rename", "minutely", "every_minute", "--force")
+    forced = renamed(db_url, "rename", "minutely", "every_minute", "--force")
     assert forced.exit_code == 0, forced.output
     assert "0 claims moved; 1 left under minutely" in forced.stdout
+    assert audit(db_url)[-1][2] == "moved 0 claims, left 1 (--force)"
+
+
+def test_rename_while_old_is_still_registered_is_refused_and_changes_nothing(
+    db_url: str,
+) -> None:
+    # The app still has `minutely`: moving its claims would let its workers run the slot again.
+    assert invoke(db_url, "migrate").exit_code == 0
+    assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
+    before = snapshot(db_url)
+    refused = invoke(db_url, "rename", "minutely", "every_minute")
+    assert refused.exit_code == 2, refused.output
+    assert "is still registered in this app" in one_clear_line(refused.stderr)
+    assert snapshot(db_url) == before
+    again = invoke(db_url, "run", "minutely", "--now", NOW, "--json")
+    assert again.exit_code == 0 and '"skipped"' in again.stdout  # OLD's slot did not run twice
+    forced = invoke(db_url, "rename", "minutely", "every_minute", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert claims(db_url) == [("every_minute", KEY)]
+    assert audit(db_url) == [
+        ("rename", "minutely -> every_minute", "moved 1 claims, left 0 (--force)")
+    ]
 
 
 @pytest.mark.parametrize(

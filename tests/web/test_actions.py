@@ -4,12 +4,16 @@ error page and changes nothing. SQLite and Postgres."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from tests.web.conftest import Board, Web, allow_all, attrs, error_text
 
+from oncely.errors import BadInputError
 from oncely.web import Grant
+
+HOUR = timedelta(hours=1)
 
 
 def _ana(_request: Any) -> Grant:
@@ -352,3 +356,32 @@ async def test_the_database_password_is_never_rendered(postgres_database: str) -
             assert "postgres:***@" in page.text
     finally:
         await app.aclose()
+
+
+async def test_run_slot_refuses_a_future_slot_unless_allowed(web: Web) -> None:
+    board = web.board(permissions=_ana)
+    r = await board.post("/jobs/hourly/run", slot="2031-01-01T00:00:00+00:00")
+    assert r.status_code == 400
+    assert "not due yet" in error_text(r.text), r.text
+    assert _effects(web, "hourly") == []
+    ahead = web.last_hour(-2)  # two hours ahead: a range ending in the future
+    r = await board.post("/jobs/hourly/run", slot=ahead.isoformat())
+    assert r.status_code == 400 and _effects(web, "hourly") == []
+    assert [a[3].split(":")[0] for a in web.audit()] == ["refused", "refused"]
+    r = await board.post("/jobs/hourly/run", slot=ahead.isoformat(), allow_future="1")
+    assert "ran 1" in await _flash(board, r)
+    assert len(_effects(web, "hourly")) == 1
+    assert web.audit()[-1][3] == "ran 1; --allow-future: 1 slot ahead of the database's clock"
+
+
+async def test_the_python_api_refuses_future_slots_unless_allowed(web: Web) -> None:
+    start = datetime(2031, 1, 1, tzinfo=timezone.utc)
+    end = start + timedelta(seconds=30)
+    plan = await web.app.backfill_plan("hourly", start, start + 2 * HOUR)
+    assert [p.action for p in plan] == ["not due", "not due"]
+    with pytest.raises(BadInputError, match="not due yet"):
+        await web.app.backfill("hourly", start, end)
+    assert _effects(web, "hourly") == []
+    ran = await web.app.backfill("hourly", start, end, allow_future=True, actor="ana@ops")
+    assert [r.status.value for r in ran] == ["ran"]
+    assert [a[3].split(":")[0] for a in web.audit()] == ["refused", "ran 1; --allow-future"]

@@ -498,13 +498,18 @@ def release(
 @cli.command()
 @click.argument("old")
 @click.argument("new")
-@click.option("--force", is_flag=True, help="Move OLD's claims even if NEW already has some.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Move OLD's claims even if OLD is still registered or NEW already has some.",
+)
 @click.pass_obj
 @handled
 def rename(obj: Context, old: str, new: str, force: bool) -> None:
     """Carry a renamed job's claims from OLD to NEW, so NEW does not re-run OLD's slots.
 
-    Run it before the release with the new name starts its workers.
+    Run it with the release that names the job NEW, before its workers start. Refused
+    (nothing changed) while OLD is still registered in the app, unless --force. Audited.
     """
     text_arg(old, "OLD")
     moved, left = obj.call(lambda app: app.rename(old, new, force=force))

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 
 import click
@@ -46,9 +47,10 @@ def _texts(**values: str | None) -> None:
 @click.pass_obj
 @handled
 def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json: bool) -> None:
-    """Stop starting slots of JOB everywhere (a running slot finishes); `resume` undoes it.
+    """Stop starting JOB's slots from now on, everywhere (a running slot finishes).
 
-    Slots that fall inside the pause are not caught up on resume: `backfill` runs them.
+    The pause covers the slots whose time is at or after it (slots before it still run);
+    those that fall inside it are not caught up on resume: `backfill` runs them.
     """
     known_job(obj.app, job)
     _texts(reason=reason, actor=actor)
@@ -67,7 +69,7 @@ def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json
 @click.pass_obj
 @handled
 def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_json: bool) -> None:
-    """Start JOB's slots again from the next one due (the paused ones are not caught up)."""
+    """End JOB's pause now: later slots run as usual (the paused ones are not caught up)."""
     known_job(obj.app, job)
     _texts(reason=reason, actor=actor)
     done = obj.call(lambda app: app.resume(job, reason=reason, actor=actor))
@@ -92,6 +94,11 @@ def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_jso
     type=click.IntRange(1, 1_000_000),
     help="Refuse a range of more slots than this.",
 )
+@click.option(
+    "--allow-future",
+    is_flag=True,
+    help="Run slots later than the database's clock now (audited; the real slots then skip).",
+)
 @click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
 @actor_option
 @json_option
@@ -104,6 +111,7 @@ def backfill(
     end: str,
     apply: bool,
     max_slots: int,
+    allow_future: bool,
     reason: str | None,
     actor: str | None,
     as_json: bool,
@@ -111,7 +119,9 @@ def backfill(
     """Print what running JOB's slots in [--from, --to) would do; --apply runs the free ones.
 
     Each slot runs as `oncely run JOB --now SLOT` would (its claim, its transaction): a slot
-    that ran is skipped, so a second --apply runs nothing. Ctrl-C stops after the current slot.
+    that ran is skipped, so a second --apply runs nothing. A range holding a slot later than
+    the database's clock is refused (exit 2, nothing ran) unless --allow-future. Ctrl-C stops
+    after the current slot.
     """
     first = parse_time(start, "--from")
     last = parse_time(end, "--to")
@@ -120,15 +130,23 @@ def backfill(
     _texts(reason=reason, actor=actor)
     obj.app.backfill_slots(job, first, last, max_slots)  # bad range: exit 2 before the database
     if not apply:
-        plan = obj.call(lambda app: app.backfill_plan(job, first, last, max_slots=max_slots))
+        plan = obj.call(
+            lambda app: app.backfill_plan(
+                job, first, last, max_slots=max_slots, allow_future=allow_future
+            )
+        )
         if as_json:
             click.echo(render.dumps([render.planned_dict(p) for p in plan]))
             return
         click.echo(render.table(["SLOT", "KEY", "PLAN"], [render.planned_row(p) for p in plan]))
         free = sum(1 for p in plan if p.action == "would run")
         click.echo(f"{free} of {len(plan)} slots would run (nothing changed: --apply runs them)")
+        ahead = sum(1 for p in plan if p.action == "not due")
+        if ahead:
+            click.echo(f"{ahead} slots are not due yet: --apply refuses them (--allow-future)")
         return
-    results = _apply(obj, job, first, last, max_slots, reason, actor, as_json)
+    options = _Apply(max_slots, allow_future, reason, actor)
+    results = _apply(obj, job, first, last, options, as_json)
     if as_json:
         click.echo(render.dumps([render.run_dict(r) for r in results]))
     elif not results:
@@ -137,15 +155,16 @@ def backfill(
         sys.exit(EXIT_JOB_FAILED)
 
 
+@dataclass(frozen=True)
+class _Apply:
+    max_slots: int
+    allow_future: bool
+    reason: str | None
+    actor: str | None
+
+
 def _apply(
-    obj: Context,
-    job: str,
-    first: datetime,
-    last: datetime,
-    max_slots: int,
-    reason: str | None,
-    actor: str | None,
-    as_json: bool,
+    obj: Context, job: str, first: datetime, last: datetime, options: _Apply, as_json: bool
 ) -> list[RunResult]:
     def show(result: RunResult) -> None:
         if not as_json:
@@ -162,11 +181,12 @@ def _apply(
                 job,
                 first,
                 last,
-                max_slots=max_slots,
-                actor=actor,
-                reason=reason,
+                max_slots=options.max_slots,
+                actor=options.actor,
+                reason=options.reason,
                 stop=stop,
                 on_result=show,
+                allow_future=options.allow_future,
             )
         finally:
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -350,6 +350,8 @@ def planned_row(p: PlannedSlot) -> list[str]:
         what = f"already ran by {p.claim.claimed_by} at {iso(p.claim.claimed_at)}"
     elif p.running is not None:
         what = f"running now by {p.running.replica} since {iso(p.running.started_at)}"
+    elif p.action == "not due":
+        what = "not due (later than the database's clock)"
     return [iso(p.slot), p.key, what]
 
 

@@ -399,7 +399,7 @@ def to_yaml(value: object) -> str:
     except ImportError as exc:
         raise _YamlMissingError() from exc
 
-    class _Dumper(yaml.SafeDumper):
+    class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML is untyped (Any)
         def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
             super().increase_indent(flow, False)  # `- item` two spaces under its key
 

@@ -393,12 +393,13 @@ class Control:
             return {}
         return {r.job: _pause(r) for r in await self.store._read(sql.pauses_in_force())}
 
-    async def pause_in(self, session: AsyncSession, job: str) -> Pause | None:
-        """The pause in force of a job, read in an attempt's open transaction."""
+    async def pause_in(self, session: AsyncSession, job: str, slot: datetime) -> Pause | None:
+        """The pause of a job that holds the slot's time (paused_at <= slot < resumed_at, or
+        still open), read in an attempt's open transaction."""
         if not self.store.has_control:
             return None
         with self.store.translate():
-            row = (await session.execute(sql.pause_of(job))).first()
+            row = (await session.execute(sql.pause_covering(job, slot))).first()
         return _pause(row) if row is not None else None
 
     async def job_pauses(self, job: str) -> list[Pause]:
@@ -406,11 +407,15 @@ class Control:
         await self._need()
         return [_pause(r) for r in await self.store._read(sql.job_pauses(job))]
 
-    async def last_resumes(self) -> dict[str, datetime]:
-        """When each job was last resumed: a worker's catch-up does not look back past it."""
+    async def pauses_since(self, since: datetime | None) -> dict[str, list[Pause]]:
+        """By job, every pause still open or ended after `since`, oldest first (none on a
+        database without the control plane)."""
         if not self.store.has_control:
             return {}
-        return {r.job: r.resumed_at for r in await self.store._read(sql.last_resumes())}
+        found: dict[str, list[Pause]] = {}
+        for row in await self.store._read(sql.pauses_since(since)):
+            found.setdefault(row.job, []).append(_pause(row))
+        return found
 
     async def pause(self, action: Action) -> Pause:
         """Put a pause of a job in force, with its audit row; refused if one is."""
@@ -454,6 +459,30 @@ class Control:
         raise error
 
     # -- release, cancel ----------------------------------------------------------------
+
+    async def rename(self, action: Action, old: str, new: str, *, force: bool) -> tuple[int, int]:
+        """Carry job `old`'s claims to `new` with the action's audit row, in one transaction;
+        (claims moved, claims left under `old` because `new` has the same key).
+
+        Refused (BadInputError, nothing written) if `old` has no claims, or if `new` already
+        has some (unless `force`).
+        """
+        await self._need()
+        async with self._write() as conn:
+            has_old = (await conn.execute(sql.claim_count(old))).scalar_one()
+            has_new = (await conn.execute(sql.claim_count(new))).scalar_one()
+            if not has_old:
+                raise BadInputError(f"job {old!r} has no claims: nothing to rename")
+            if has_new and not force:
+                raise BadInputError(
+                    f"job {new!r} already has {has_new} claims: nothing renamed "
+                    "(--force moves the keys it does not have)"
+                )
+            moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
+            left = int(has_old) - moved
+            forced = " (--force)" if force else ""
+            await self._audit(conn, action, f"moved {moved} claims, left {left}{forced}")
+        return moved, left
 
     async def release(self, action: Action, job: str, key: str, *, force: bool) -> Claim | None:
         """Delete one claim with its audit row. Refused (with a row) while an attempt at the

@@ -240,9 +240,18 @@ def pauses_in_force() -> sa.Select[Any]:
     return sa.select(pauses).where(pauses.c.resumed_at.is_(None))
 
 
-def pause_of(job: str) -> sa.Select[Any]:
-    """The pause in force of one job, if any."""
-    return sa.select(pauses).where(pauses.c.job == job, pauses.c.resumed_at.is_(None))
+def pause_covering(job: str, slot: Any) -> sa.Select[Any]:
+    """The pause of one job whose interval [paused_at, resumed_at) holds a slot's time, if any."""
+    return (
+        sa.select(pauses)
+        .where(
+            pauses.c.job == job,
+            pauses.c.paused_at <= slot,
+            sa.or_(pauses.c.resumed_at.is_(None), pauses.c.resumed_at > slot),
+        )
+        .order_by(pauses.c.paused_at.desc())
+        .limit(1)
+    )
 
 
 def job_pauses(job: str) -> sa.Select[Any]:
@@ -250,13 +259,13 @@ def job_pauses(job: str) -> sa.Select[Any]:
     return sa.select(pauses).where(pauses.c.job == job).order_by(pauses.c.id)
 
 
-def last_resumes() -> sa.Select[Any]:
-    """The latest resume of each job: slots before it that fell in the pause are settled."""
-    return (
-        sa.select(pauses.c.job, sa.func.max(pauses.c.resumed_at).label("resumed_at"))
-        .where(pauses.c.resumed_at.is_not(None))
-        .group_by(pauses.c.job)
-    )
+def pauses_since(since: Any) -> sa.Select[Any]:
+    """Every pause still open or ended after `since` (None: all), oldest first: the worker's
+    intervals for the slots it has yet to decide."""
+    stmt = sa.select(pauses).order_by(pauses.c.paused_at, pauses.c.id)
+    if since is not None:
+        stmt = stmt.where(sa.or_(pauses.c.resumed_at.is_(None), pauses.c.resumed_at > since))
+    return stmt
 
 
 def audit_row(values: dict[str, Any]) -> sa.Insert:

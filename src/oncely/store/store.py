@@ -600,27 +600,6 @@ class Store:
                 raise
         return claim_from_row(row) if row is not None else None
 
-    async def rename(self, old: str, new: str, *, force: bool = False) -> tuple[int, int]:
-        """Carry job `old`'s claims to `new` so its slots stay claimed under the new name;
-        (claims moved, claims left under `old` because `new` has the same key).
-
-        Refused if `old` has no claims, or if `new` already has some (unless `force`).
-        """
-        await self.ensure_schema()
-        with self.translate():
-            async with self.engine.begin() as conn:
-                has_old = (await conn.execute(sql.claim_count(old))).scalar_one()
-                has_new = (await conn.execute(sql.claim_count(new))).scalar_one()
-                if not has_old:
-                    raise BadInputError(f"job {old!r} has no claims: nothing to rename")
-                if has_new and not force:
-                    raise BadInputError(
-                        f"job {new!r} already has {has_new} claims: nothing renamed "
-                        "(--force moves the keys it does not have)"
-                    )
-                moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
-        return moved, int(has_old) - moved
-
     @contextlib.asynccontextmanager
     async def _reader(self) -> AsyncIterator[AsyncConnection]:
         async with self.engine.connect() as conn:

@@ -109,7 +109,8 @@ def _ran(results: list[RunResult]) -> str:
 async def run(settings: Settings, request: Request, access: Access, form: FormData) -> Response:
     """Run one slot now (default: the latest due one), as a one-slot backfill: its claim,
     its transaction, its audit row (action `run_slot`); a slot that ran before is not run
-    again."""
+    again, and one not due yet is refused (the form's `allow_future=1` runs it on purpose,
+    audited)."""
     app = settings.app
     name = request.path_params["job"]
     job = app.registry.job(name)
@@ -128,6 +129,7 @@ async def run(settings: Settings, request: Request, access: Access, form: FormDa
         at + timedelta(microseconds=1),
         actor=access.actor,
         reason=_reason(form),
+        allow_future=_field(form, "allow_future") == "1",
         audit_as="run_slot",
     )
     failed = [r for r in results if r.status in (RunStatus.FAILED, RunStatus.TIMEOUT)]
@@ -148,13 +150,20 @@ async def backfill(
     end = parse_time(_field(form, "end"), "end")
     if start is None or end is None:
         raise BadInputError("bad range: both start and end are needed: nothing changed")
+    allow_future = _field(form, "allow_future") == "1"
     if _field(form, "apply") != "1":
-        plan = await app.backfill_plan(name, start, end)
+        plan = await app.backfill_plan(name, start, end, allow_future=allow_future)
         context = await job_context(settings, request, name)
         context["plan"] = plan
-        context["plan_range"] = {"start": _field(form, "start"), "end": _field(form, "end")}
+        context["plan_range"] = {
+            "start": _field(form, "start"),
+            "end": _field(form, "end"),
+            "allow_future": allow_future,
+        }
         return page(settings, request, "job.html", access, **context)
-    results = await app.backfill(name, start, end, actor=access.actor, reason=_reason(form))
+    results = await app.backfill(
+        name, start, end, actor=access.actor, reason=_reason(form), allow_future=allow_future
+    )
     return redirect(request, f"/jobs/{name}", f"backfill {name}: {_ran(results)}")
 
 

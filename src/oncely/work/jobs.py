@@ -22,10 +22,10 @@ from datetime import datetime, timedelta
 from .. import clock, events, tracing
 from ..errors import ConfigError, DatabaseUnavailableError, OncelyError
 from ..identity import replica_id
-from ..model import Pause, RunStatus
+from ..model import RunStatus
 from ..registry import Job
-from ..runner import paused, run_slot
-from ..scheduler import Missed, OverlapSkipped, Run, Scheduler
+from ..runner import run_slot
+from ..scheduler import Missed, OverlapSkipped, Paused, Run, Scheduler
 from ..store import Store
 from .options import WorkerOptions
 
@@ -179,24 +179,23 @@ class JobWorker:
         if unsynced:
             try:
                 last = await self.store.last_slots()
-                resumed = await self.store.control.last_resumes()
             except OncelyError as exc:  # unreachable, or a statement failed: back off, retry
                 self._unavailable(exc)
                 return
             self._available()
             for name in unsynced:
-                self.scheduler.sync(name, _latest(last.get(name), resumed.get(name)))
+                self.scheduler.sync(name, last.get(name))
             now = self.now()
-        actions = self.scheduler.due(now)
-        runs = [a for a in actions if isinstance(a, Run)]
-        pauses = await self._pauses(runs, now) if runs else {}
-        for action in actions:
+        if self.scheduler.wants_pauses(now) and not await self._read_pauses():
+            return
+        for action in self.scheduler.due(now):
             if isinstance(action, Run):
-                pause = pauses.get(action.job.name)
-                if pause is None:
-                    self._start(action)
-                else:
-                    self._paused(action, pause, now)
+                self._start(action)
+            elif isinstance(action, Paused):
+                with events.routine():  # every replica reports it: DEBUG, like a skip
+                    _emit_paused(action, self.replica)
+                key = action.job.key_for(action.last)
+                self._note(action.job, key, action.first, "paused", action.last)
             elif isinstance(action, Missed):
                 _emit_missed(action, self.replica)
                 self._note(action.job, None, action.first, "missed", action.last, action.reason)
@@ -205,29 +204,17 @@ class JobWorker:
                 key = action.job.key_for(action.slot)
                 self._note(action.job, key, action.slot, "overlap")
 
-    async def _pauses(self, runs: list[Run], now: datetime) -> dict[str, Pause]:
-        """The pauses in force, read once per step in which slots come due; if they cannot
-        be read, the due slots are retried later (as after an outage)."""
+    async def _read_pauses(self) -> bool:
+        """Hand the scheduler the pauses that may cover a slot it is about to decide (read
+        once per step in which slots come due); False if they could not be read (the step
+        is retried after the outage's backoff: nothing is decided without them)."""
         try:
-            found = await self.store.control.pauses()
+            found = await self.store.control.pauses_since(self.scheduler.pause_floor())
         except OncelyError as exc:
             self._unavailable(exc)
-            for run in runs:
-                for slot in run.slots:
-                    self.scheduler.finished(run.job, slot, None, now)
-            return {run.job.name: _UNREAD for run in runs}
-        return found
-
-    def _paused(self, run: Run, pause: Pause, now: datetime) -> None:
-        """Settle the slots of a paused job without starting them (they are not caught up on
-        resume); an unread pause (the database failed) leaves them to be retried."""
-        if pause is _UNREAD:
-            return
-        for slot in run.slots:
-            self.scheduler.finished(run.job, slot, RunStatus.PAUSED, now)
-            fields = {"job": run.job.name, "key": run.job.key_for(slot), "slot": slot.isoformat()}
-            with events.routine():
-                paused(run.job, slot, fields["key"], pause, {**fields, "replica": self.replica})
+            return False
+        self.scheduler.set_pauses(found)
+        return True
 
     def _note(
         self,
@@ -304,7 +291,13 @@ class JobWorker:
             key = job.key_for(slot)
             with events.routine():  # another replica winning the slot is routine: DEBUG
                 result = await run_slot(
-                    self.store, job, slot, key, self.replica, context={"latency_ms": latency_ms}
+                    self.store,
+                    job,
+                    slot,
+                    key,
+                    self.replica,
+                    context={"latency_ms": latency_ms},
+                    check_pause=True,
                 )
         except DatabaseUnavailableError as exc:
             self._unavailable(exc)
@@ -373,13 +366,22 @@ class JobWorker:
             await asyncio.wait(set(self._notes), timeout=self.shutdown_timeout)
 
 
-def _latest(*times: datetime | None) -> datetime | None:
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
-
-
-_UNREAD = Pause(job="", paused_at=datetime.min, paused_by="", reason=None)
-"""Stands for "the pauses could not be read" (the due slots are retried later)."""
+def _emit_paused(action: Paused, replica: str) -> None:
+    pause = action.pause
+    events.emit(
+        "run.paused",
+        "slots fell inside a pause of the job: not started",
+        job=action.job.name,
+        count=action.count,
+        first=action.first.isoformat(),
+        last=action.last.isoformat(),
+        key=action.job.key_for(action.last),
+        slot=action.last.isoformat(),
+        paused_by=pause.paused_by,
+        paused_at=pause.paused_at.isoformat(),
+        resumed_at=pause.resumed_at.isoformat() if pause.resumed_at else None,
+        replica=replica,
+    )
 
 
 def _emit_missed(missed: Missed, replica: str) -> None:
