@@ -58,7 +58,20 @@ class ControlLedger(Protocol):
     def has_duplicates(self) -> bool: ...
 
     @property
+    def has_jobs(self) -> bool: ...
+
+    @property
     def display_url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class JobLedgerRows:
+    """One job's recorded rows over a window, as `Control.ledger` reads them."""
+
+    claims: list[Claim]
+    records: list[Attempt]
+    releases: list[tuple[datetime, str]]
+    """(when, key) of each release an operator made (refused ones left out)."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +397,44 @@ class Control:
             for row in await self.store._read(sql.claims_of(job, chunk)):
                 found[row.key] = claim_from_row(row)
         return found
+
+    # -- a job's ledger over a window: what `oncely verify` checks ------------------------
+
+    async def seen_jobs(self, names: Sequence[str]) -> None:
+        """Record the first appearance of these jobs (a job seen before keeps its first);
+        nothing on a database without oncely_jobs."""
+        if not names or not self.store.has_jobs:
+            return
+        statement = sql.record_jobs(self.dialect.insert(), list(names), self.dialect.now())
+        async with self._write(record=True) as conn:
+            await conn.execute(statement)
+
+    async def first_seen(self, job: str) -> datetime | None:
+        """When a job first appeared (None: never recorded, or no oncely_jobs table)."""
+        if not self.store.has_jobs:
+            return None
+        rows = await self.store._read(sql.first_seen(job))
+        return rows[0][0] if rows else None
+
+    async def ledger(self, job: str, since: datetime, until: datetime) -> JobLedgerRows:
+        """A job's claims, attempt records (those with no outcome say if alive) and releases
+        for the slots in [since, until]."""
+        await self._need()
+        claims = [
+            claim_from_row(r) for r in await self.store._read(sql.claims_between(job, since, until))
+        ]
+        records = []
+        for row in await self.store._read(sql.records_between(job, since, until)):
+            alive = False
+            if row.outcome is None and row.started_at is not None:
+                alive = await self._holding(row)
+            records.append(_attempt(row, alive))
+        releases = []
+        for row in await self.store._read(sql.releases_since(job, since)):
+            target = str(row.target)
+            if target.startswith(f"{job} ") and not str(row.result).startswith("refused"):
+                releases.append((row.at, target[len(job) + 1 :]))
+        return JobLedgerRows(claims, records, releases)
 
     # -- pauses -------------------------------------------------------------------------
 
