@@ -598,6 +598,7 @@ class Oncely:
             claim=await self.store.get_claim(definition.name, at.key),
             records=records,
             pauses=await control.job_pauses(definition.name),
+            first_seen=await control.first_seen(definition.name),
         )
 
     async def verify(
@@ -654,12 +655,6 @@ class Oncely:
                 )
             slots.append(slot)
         rows = await control.ledger(job.name, start, until)
-        # A claim or an attempt is an appearance too (an older oncely records no first one).
-        dated = [c.scheduled_for for c in rows.claims if c.scheduled_for is not None]
-        dated += [r.slot for r in rows.records if r.slot is not None and r.started_at is not None]
-        if first is not None:
-            dated.append(first)
-        first = min(dated) if dated else None
         ledger = JobLedger(
             job=job.name,
             slots=slots,

@@ -90,3 +90,13 @@ def test_bad_input_is_one_line_and_exit_code_2(env: Env) -> None:
         assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert env.rows("SELECT count(*) FROM oncely_audit") == [(0,)]
+
+
+def test_explain_says_a_slot_before_the_job_appeared_was_never_expected(env: Env) -> None:
+    assert env.cli("run", "hourly", "--now", SLOT).returncode == 0
+    done = env.cli("explain", "hourly", "--slot", "2026-11-30T09:00:00Z", "--json")
+    answer = json.loads(done.stdout)
+    assert answer["answer"] == "before_job", answer
+    assert answer["fields"]["first_seen"] == "2026-11-30T10:00:00+00:00"
+    done = env.cli("explain", "hourly", "--slot", "2026-11-30T11:00:00Z", "--json")
+    assert json.loads(done.stdout)["answer"] == "no_worker"

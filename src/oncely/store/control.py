@@ -410,11 +410,21 @@ class Control:
             await conn.execute(statement)
 
     async def first_seen(self, job: str) -> datetime | None:
-        """When a job first appeared (None: never recorded, or no oncely_jobs table)."""
+        """When a job first appeared: its recorded first appearance, or its oldest claimed or
+        attempted slot if older (an older oncely records no appearance); None: never seen."""
+        await self._need()
+        found: list[datetime] = []
+        if self.store.has_jobs:
+            found += [r[0] for r in await self.store._read(sql.first_seen(job))]
+        for row in await self.store._read(sql.first_slots(job)):
+            found += [t for t in row if t is not None]
+        return min(found) if found else None
+
+    async def first_seen_all(self) -> dict[str, datetime]:
+        """When each recorded job first appeared, by name."""
         if not self.store.has_jobs:
-            return None
-        rows = await self.store._read(sql.first_seen(job))
-        return rows[0][0] if rows else None
+            return {}
+        return {r.name: r.first_seen for r in await self.store._read(sql.jobs_first_seen())}
 
     async def ledger(self, job: str, since: datetime, until: datetime) -> JobLedgerRows:
         """A job's claims, attempt records (those with no outcome say if alive) and releases

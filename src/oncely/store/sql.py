@@ -460,6 +460,20 @@ def first_seen(job: str) -> sa.Select[Any]:
     return sa.select(jobs.c.first_seen).where(jobs.c.name == job)
 
 
+def first_slots(job: str) -> sa.Select[Any]:
+    """The oldest slot a job claimed and the oldest one it started an attempt at (indexed)."""
+    claimed = sa.select(sa.func.min(runs.c.scheduled_for)).where(runs.c.job == job)
+    started = sa.select(sa.func.min(attempts.c.slot)).where(
+        attempts.c.job == job, attempts.c.started_at.is_not(None)
+    )
+    return sa.select(claimed.scalar_subquery(), started.scalar_subquery())
+
+
+def jobs_first_seen() -> sa.Select[Any]:
+    """When each job first appeared (one row per job a worker or `oncely run` started)."""
+    return sa.select(jobs.c.name, jobs.c.first_seen)
+
+
 def claims_between(job: str, since: Any, until: Any) -> sa.Select[Any]:
     """The claims of a job whose slot lies in [since, until], oldest slot first."""
     return (
