@@ -1,12 +1,13 @@
 """The fleet checker's long form: N real `oncely worker` processes against one database, a
 seeded random schedule of operator actions (pause, resume, backfill, two backfills at once,
 release, cancel, rename, a run of a future slot, a deploy of a new app version) and faults
-(SIGKILL and restart, SIGSTOP past the lease, cut connections), then every slot and task
+(SIGKILL and restart, SIGSTOP past the lease, cut connections, and with `--db cluster` a
+restart of a Postgres cluster of the run's own), then every slot and task
 checked against the fate model (tests/fleet/checks.py). Prints each check and one summary
 line; exit 0 if every check passed, 1 otherwise.
 
     PYTHONPATH=src python scripts/fleet.py [--seed 7] [--workers 3] [--duration 600]
-        [--db postgres|sqlite] [--faults/--no-faults] [--out DIR]
+        [--db postgres|cluster|sqlite] [--faults/--no-faults] [--out DIR]
 
 The plan, the history (actions with their database times), the report and each worker's log
 are kept in --out (default: a new temporary directory, printed).
@@ -30,7 +31,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of actions")
-    parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument(
+        "--db",
+        choices=("postgres", "cluster", "sqlite"),
+        default="postgres",
+        help="postgres: a database on the server of $ONCELY_TEST_POSTGRES_URL; cluster: a "
+        "Postgres cluster of the run's own, which the `restart` fault restarts (root, Debian's "
+        "pg_createcluster); sqlite: a file",
+    )
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--lease", type=float, default=3.0, help="the workers' task lease")
     parser.add_argument("--out", type=Path, default=None, help="where to keep the run's files")
@@ -44,7 +52,7 @@ def main() -> int:
         f"files in {run_dir}",
         flush=True,
     )
-    with database(args.db, run_dir) as url:
+    with database(args.db, run_dir) as (url, restart):
         options = Options(
             url=url,
             run_dir=run_dir,
@@ -53,6 +61,7 @@ def main() -> int:
             duration=args.duration,
             faults=args.faults,
             lease=args.lease,
+            restart=restart,
         )
         report = asyncio.run(run(options))
     print("\n".join(report.lines()))

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from oncely import Oncely
+from oncely.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_FILE = Path(__file__).with_name("app.py")
@@ -51,8 +52,8 @@ ACTIONS: dict[str, int] = {
     "deploy": 1,
 }
 """Operator actions and their weights in a plan."""
-FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3}
-"""Faults and their weights (`cut`: Postgres only)."""
+FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3, "restart": 2}
+"""Faults and their weights (`cut`: Postgres only; `restart`: a cluster of the fleet's own)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Options:
     lease: float = 3.0
     step: float = 2.0
     """Seconds between two planned actions (a fault is one of them)."""
+    restart: Callable[[], None] | None = None
+    """Restart the fleet's own Postgres cluster (`--db cluster`); None: no such fault."""
 
     @property
     def postgres(self) -> bool:
@@ -118,7 +121,7 @@ def plan(options: Options) -> list[Step]:
     rng = random.Random(options.seed)
     kinds = dict(ACTIONS)
     if options.faults:
-        kinds |= {k: w for k, w in FAULTS.items() if k != "cut" or options.postgres}
+        kinds |= {k: w for k, w in FAULTS.items() if _possible(k, options)}
     names, weights = list(kinds), list(kinds.values())
     times = []
     at = options.step
@@ -129,6 +132,14 @@ def plan(options: Options) -> list[Step]:
     chosen += rng.choices(names, weights, k=len(times) - len(chosen))
     rng.shuffle(chosen)
     return [Step(t, kind, rng.randrange(1 << 30)) for t, kind in zip(times, chosen, strict=True)]
+
+
+def _possible(fault: str, options: Options) -> bool:
+    if fault == "cut":
+        return options.postgres
+    if fault == "restart":
+        return options.restart is not None
+    return True
 
 
 def load_app(version: int, url: str) -> Oncely:
@@ -454,7 +465,7 @@ class Fleet:
         new = f"tick_renamed_{rng.randrange(1000)}"
         try:
             moved, _ = await self.app.rename("tick_latest", new)
-        except Exception as exc:
+        except BadInputError as exc:
             await self.note("rename", f"tick_latest -> {new}", f"refused: {exc}")
             return
         self.history.refusals_missing.append(f"rename tick_latest -> {new} moved {moved} claims")
@@ -466,10 +477,13 @@ class Fleet:
         at = await self.db_now() + timedelta(seconds=60 + rng.randint(0, 30))
         try:
             result = await self.app.attempt("tick_all", at)
-        except Exception as exc:
+        except BadInputError as exc:
             await self.note("run_future", f"tick_all {at.isoformat()}", f"refused: {exc}")
             return
         what = f"tick_all slot {at.isoformat()} ({result.status.value})"
+        if result.status.value != "ran":  # refused as a status (not due), or ran before
+            await self.note("run_future", f"tick_all {at.isoformat()}", f"refused: {what}")
+            return
         self.history.refusals_missing.append(f"run of a future slot: {what}")
         await self.note("run_future", f"tick_all {at.isoformat()}", f"NOT refused: {what}")
 
@@ -526,6 +540,14 @@ class Fleet:
             await app.store.engine.dispose()
         await self.note("cut", f"{rows[0][0]} connections", "terminated")
 
+    async def _do_restart(self, rng: random.Random) -> None:
+        """Restart the fleet's own Postgres cluster (never the shared server)."""
+        assert self.options.restart is not None
+        await asyncio.to_thread(self.options.restart)
+        for app in (self.app, self.app_v2):
+            await app.store.engine.dispose()
+        await self.note("restart", "the fleet's own cluster", "restarted")
+
 
 @contextlib.contextmanager
 def postgres_database(admin_url: str, name: str) -> Iterator[str]:
@@ -546,5 +568,8 @@ def postgres_database(admin_url: str, name: str) -> Iterator[str]:
         admin.dispose()
 
 
-def utc(t: datetime) -> datetime:
+def utc(t: datetime | str) -> datetime:
+    """A time read back with plain SQL (SQLite: naive UTC text) as an aware datetime."""
+    if isinstance(t, str):
+        t = datetime.fromisoformat(t)
     return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
