@@ -16,7 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from . import clock, config, events
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
-from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedError
+from .errors import (
+    BadInputError,
+    ConfigError,
+    OncelyError,
+    ResultTimeoutError,
+    TaskFailedError,
+)
 from .explain import explain_slot, explain_task
 from .fates import SETTLE, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
 from .identity import default_actor, replica_id
@@ -214,7 +220,8 @@ class Oncely:
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         slot = self.slot(job, now)
         await self.store.ensure_schema()
-        await self.store.control.seen_jobs([self.registry.job(job).name])
+        with contextlib.suppress(OncelyError):  # best effort: verify dates by claims too
+            await self.store.control.seen_jobs([self.registry.job(job).name])
         return await run_slot(
             self.store, self.registry.job(job), slot.at, slot.key, replica_id(), check_pause=True
         )

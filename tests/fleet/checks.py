@@ -121,6 +121,11 @@ def check(fleet: Fleet, history: History) -> Report:
     )
     _task_effects(fleet, history, report)
     _burnt(fleet, report)
+    seen = {name for (name,) in fleet.rows("SELECT name FROM oncely_jobs")}
+    absent = sorted(set(JOBS) - seen)
+    report.checks.append(
+        Check("first appearances", not absent, f"not recorded: {absent}" if absent else "all jobs")
+    )
     n = history.limited_max
     report.checks.append(Check("concurrency", n <= 1, f"at most {n} of `limited` (limit 1)"))
     return report

@@ -220,7 +220,7 @@ class Fleet:
         self.options = options
         self.rng = random.Random(options.seed + 1)
         self.history = History()
-        self.engine = sa.create_engine(sync_url(options.url))
+        self.engine = sa.create_engine(sync_url(options.url), pool_pre_ping=True)
         self.app = load_app(1, options.url)
         self.app_v2 = load_app(2, options.url)
         self.workers = [Worker(self, i) for i in range(options.workers)]
@@ -231,11 +231,20 @@ class Fleet:
     # -- the database, read plainly --------------------------------------------------------
 
     def rows(self, query: str, **params: Any) -> list[Any]:
-        with self.engine.connect() as conn:
-            return list(conn.execute(sa.text(query), params).all())
+        """A plain read; retried for up to 30 s while a fault keeps the database away."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    return list(conn.execute(sa.text(query), params).all())
+            except sa.exc.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)  # a retry's backoff while the server restarts
 
     async def db_now(self) -> datetime:
-        return await self.app.store.database_time()
+        """The database's clock (read plainly: the app's pool may hold cut connections)."""
+        return utc(self.rows("SELECT CURRENT_TIMESTAMP")[0][0])
 
     async def note(self, kind: str, what: str, result: str) -> None:
         self.history.entries.append(Entry(await self.db_now(), kind, what, result))
@@ -552,7 +561,7 @@ class Fleet:
 @contextlib.contextmanager
 def postgres_database(admin_url: str, name: str) -> Iterator[str]:
     """A database of the fleet's own on the server (created, then dropped)."""
-    admin = sa.create_engine(sync_url(admin_url), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(sync_url(admin_url), isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as conn:
         conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')

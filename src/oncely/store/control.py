@@ -198,6 +198,8 @@ class Control:
         self.store = store
         self.dialect = store.dialect
         self.signals = CancelSignals(store)
+        self._seen: set[str] = set()
+        """Jobs whose first appearance this process has recorded."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -403,11 +405,13 @@ class Control:
     async def seen_jobs(self, names: Sequence[str]) -> None:
         """Record the first appearance of these jobs (a job seen before keeps its first);
         nothing on a database without oncely_jobs."""
-        if not names or not self.store.has_jobs:
+        new = [name for name in names if name not in self._seen]
+        if not new or not self.store.has_jobs:
             return
-        statement = sql.record_jobs(self.dialect.insert(), list(names), self.dialect.now())
+        statement = sql.record_jobs(self.dialect.insert(), new, self.dialect.now())
         async with self._write(record=True) as conn:
             await conn.execute(statement)
+        self._seen.update(new)  # once per process: `oncely run` in a loop writes it once
 
     async def first_seen(self, job: str) -> datetime | None:
         """When a job first appeared: its recorded first appearance, or its oldest claimed or
