@@ -103,6 +103,7 @@ def run_verify(fleet: Fleet, history: History) -> tuple[int, dict[str, Any]]:
     if done.returncode not in (0, 1):
         raise AssertionError(f"oncely verify exited {done.returncode}: {done.stderr}")
     answer: dict[str, Any] = json.loads(done.stdout)
+    (fleet.options.run_dir / "verify.json").write_text(done.stdout)  # every slot and finding
     return done.returncode, answer
 
 
