@@ -17,6 +17,7 @@ claimed before it was due (`early`), and tasks that no live worker can run (`unr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -45,14 +46,21 @@ ACCOUNTED = (
 _ENDS = ("failed", "timeout", "cancelled")
 
 
+_LOST = re.compile(r"Unavailable|Connection|Interface|Operational|Shutdown")
+"""Error classes of an attempt that lost its database: a crash by the model, not a give-up."""
+
+
 def gives_up(record: Attempt) -> bool:
     """Whether an attempt record gives its slot up for good (the model's final mark).
 
     The one place that reads the mark: today an attempt that failed, timed out or was
-    cancelled is final (no retry policy for jobs yet); a record with a retry scheduled will
-    answer False here.
+    cancelled is final (no retry policy for jobs yet), except one that failed because its
+    database connection was lost (a crash: the slot is free again); a record with a retry
+    scheduled will answer False here.
     """
-    return record.outcome in _ENDS
+    if record.outcome not in _ENDS:
+        return False
+    return not (record.outcome == "failed" and _LOST.search(record.error_class or ""))
 
 
 @dataclass(frozen=True)

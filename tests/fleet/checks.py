@@ -104,6 +104,13 @@ def run_verify(fleet: Fleet, history: History) -> tuple[int, dict[str, Any]]:
         raise AssertionError(f"oncely verify exited {done.returncode}: {done.stderr}")
     answer: dict[str, Any] = json.loads(done.stdout)
     (fleet.options.run_dir / "verify.json").write_text(done.stdout)  # every slot and finding
+    ended = fleet.rows(
+        "SELECT job, slot, outcome, replica, error_class, error FROM oncely_attempts "
+        "WHERE outcome IN ('failed', 'timeout', 'cancelled') ORDER BY id"
+    )
+    (fleet.options.run_dir / "attempts.txt").write_text(
+        "".join(f"{j} {utc(t).isoformat()} {o} by {r}: {c}: {e}\n" for j, t, o, r, c, e in ended)
+    )
     return done.returncode, answer
 
 

@@ -102,6 +102,15 @@ def test_a_given_up_slot_is_accounted_for_and_a_run_after_it_is_a_finding() -> N
     assert kinds(v) == ["rerun"]
 
 
+def test_an_attempt_that_lost_its_database_gives_nothing_up() -> None:
+    """A lost connection is a crash by the model: the slot is free again, and runs."""
+    lost = record(3, "failed", error_class="DatabaseUnavailableError")
+    later = claim(3, at=timedelta(seconds=5))
+    v = verdict(claims=[*(claim(i) for i in range(11) if i != 3), later], records=[lost])
+    assert fates(v)[3] == "ran"
+    assert v.findings == ()
+
+
 def test_a_release_frees_a_given_up_slot() -> None:
     failed = record(3, "failed")
     after = SLOTS[3] + timedelta(seconds=3)
