@@ -16,8 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from . import clock, config, events
 from .effects import DEFAULT_SCOPE, Effect, OnceDecorator, SyncEffect
-from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedError
+from .errors import (
+    BadInputError,
+    ConfigError,
+    OncelyError,
+    ResultTimeoutError,
+    TaskFailedError,
+)
 from .explain import explain_slot, explain_task
+from .fates import SETTLE, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
 from .identity import default_actor, replica_id
 from .model import (
     AuditEntry,
@@ -52,6 +59,10 @@ DEFAULT_MAX_SLOTS = 1000
 BACKFILL_PATIENCE = 60.0
 """Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,
 overlap="skip") before it reports it as such and moves on."""
+VERIFY_WINDOW = timedelta(hours=24)
+"""How far back `verify` looks by default (or to the job's first appearance, if later)."""
+VERIFY_MAX_SLOTS = 100_000
+"""A verify window holding more slots of one job than this is refused: narrow it."""
 DEFAULT_LEASE = config.LEASE
 """Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
@@ -209,6 +220,8 @@ class Oncely:
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         slot = self.slot(job, now)
         await self.store.ensure_schema()
+        with contextlib.suppress(OncelyError):  # best effort: verify dates by claims too
+            await self.store.control.seen_jobs([self.registry.job(job).name])
         return await run_slot(
             self.store, self.registry.job(job), slot.at, slot.key, replica_id(), check_pause=True
         )
@@ -668,7 +681,74 @@ class Oncely:
             claim=await self.store.get_claim(definition.name, at.key),
             records=records,
             pauses=await control.job_pauses(definition.name),
+            first_seen=await control.first_seen(definition.name),
         )
+
+    async def verify(
+        self,
+        jobs: Sequence[str] | None = None,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        settle: timedelta = SETTLE,
+    ) -> Verdict:
+        """Is every expected slot accounted for? Each slot of each job (all, or `jobs`) in
+        [since, until] with its fate by the model (see oncely.fates), and every finding,
+        including waiting tasks that no live worker can run. `since` defaults to 24 hours
+        before the database's now (or the job's first appearance, if later), `until` to now.
+        Changes nothing."""
+        definitions = [self.registry.job(j) for j in jobs] if jobs else list(self.registry)
+        since = _aware(since) if since is not None else None
+        until = _aware(until) if until is not None else None
+        if since is not None and until is not None and since > until:
+            raise BadInputError(
+                f"bad window: --since {since.isoformat()} is after --until {until.isoformat()}"
+            )
+        await self.store.ensure_schema()
+        now = await self.store.database_time()
+        end = until if until is not None else now
+        if since is not None and since > end:
+            raise BadInputError(
+                f"bad window: --since {since.isoformat()} is after the database's now "
+                f"{end.isoformat()}"
+            )
+        verdicts = [await self._verify_job(d, since, end, now, settle) for d in definitions]
+        start = since if since is not None else end - VERIFY_WINDOW
+        findings = unrunnable_findings(await self.unrunnable_tasks())
+        return Verdict(start, end, now, tuple(verdicts), tuple(findings))
+
+    async def _verify_job(
+        self, job: Job, since: datetime | None, until: datetime, now: datetime, settle: timedelta
+    ) -> JobVerdict:
+        control = self.store.control
+        first = await control.first_seen(job.name)
+        start = since
+        if start is None:
+            start = until - VERIFY_WINDOW
+            if first is not None and first > start:
+                start = first
+        slots: list[datetime] = []
+        for slot in job.schedule.slots_after(start - timedelta(microseconds=1)):
+            if slot > until:
+                break
+            if len(slots) >= VERIFY_MAX_SLOTS:
+                raise BadInputError(
+                    f"the window holds more than {VERIFY_MAX_SLOTS} slots of {job.name!r}: "
+                    "narrow it with --since/--until"
+                )
+            slots.append(slot)
+        rows = await control.ledger(job.name, start, until)
+        ledger = JobLedger(
+            job=job.name,
+            slots=slots,
+            key_for=job.key_for,
+            first_seen=first,
+            claims=rows.claims,
+            records=rows.records,
+            pauses=await control.job_pauses(job.name),
+            releases=rows.releases,
+        )
+        return verify_job(ledger, now, settle)
 
     async def cancel(
         self,

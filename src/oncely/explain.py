@@ -5,7 +5,8 @@ records and hands them here.
 The answers, first match wins: ran · running · not_due · the last attempt's end (released:
 it ran but its claim was deleted; failed, timeout, cancelled, or died: its process never
 recorded an end and no longer holds the slot) · paused · overlap · missed (catch-up policy,
-grace, busy past the window) · no_worker.
+grace, busy past the window) · before_job (no record, and the slot came before the job
+first appeared: never expected) · no_worker.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def explain_slot(
     claim: Claim | None,
     records: Sequence[Attempt],
     pauses: Sequence[Pause],
+    first_seen: datetime | None = None,
 ) -> Explanation:
-    """The one answer for a slot, with its sentence and fields."""
+    """The one answer for a slot, with its sentence and fields; `first_seen`: when the job
+    first appeared (a slot before it with no record was never expected to run)."""
     attempts = tuple(r for r in records if r.started_at is not None)
     base: dict[str, Any] = {"job": job, "key": key, "slot": slot}
     head = f"{job} slot {_iso(slot)}"
@@ -160,6 +163,15 @@ def explain_slot(
         sentence = f"{head} was {text} (reported by {m.replica} at {_iso(m.recorded_at)})."
         return Explanation(
             **base, answer="missed", sentence=sentence, fields=fields, attempts=attempts
+        )
+    if first_seen is not None and slot < first_seen:
+        fields |= {"first_seen": _iso(first_seen)}
+        sentence = (
+            f"{head} came before the job first appeared (at {_iso(first_seen)}): it was never "
+            "expected to run."
+        )
+        return Explanation(
+            **base, answer="before_job", sentence=sentence, fields=fields, attempts=attempts
         )
     sentence = (
         f"{head} did not run and no attempt was recorded: no worker was alive when it came "

@@ -221,7 +221,7 @@ class Explanation:
     slot: datetime
     answer: str
     """ran · running · not_due · released · failed · timeout · cancelled · died · paused ·
-    overlap · missed · no_worker"""
+    overlap · missed · before_job · no_worker"""
     sentence: str
     fields: dict[str, Any] = field(default_factory=dict)
     attempts: tuple[Attempt, ...] = ()

@@ -65,7 +65,12 @@ async def test_the_timeline_has_one_mark_per_slot_coloured_by_outcome(web: Web) 
     by_slot = dict(zip(slots, marks, strict=True))
     assert by_slot[web.last_hour(2).isoformat()] == "ran"
     assert by_slot[web.last_hour(4).isoformat()] == "ran"
-    assert marks.count("ran") == 2 and marks.count("missed") == 4
+    # The oldest slot came before the job's first claim: never expected, not missed.
+    assert marks == ["before_job", "ran", "missed", "ran", "missed", "missed"]
+    # The verdict: the slots after it that did not run are findings.
+    kinds = attrs(html, "finding", "data-kind")
+    assert set(kinds) == {"unaccounted"} and len(kinds) in (2, 3), kinds
+    assert web.last_hour(3).isoformat() in attrs(html, "finding", "data-slot")
     rows = dict(
         zip(
             attrs(html, "slot-row", "data-slot"),

@@ -550,6 +550,10 @@ from .web import web  # noqa: E402
 
 cli.add_command(web)
 
+from .verify import verify  # noqa: E402
+
+cli.add_command(verify)
+
 
 def main() -> None:
     """Console-script entry point."""

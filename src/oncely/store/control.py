@@ -58,7 +58,20 @@ class ControlLedger(Protocol):
     def has_duplicates(self) -> bool: ...
 
     @property
+    def has_jobs(self) -> bool: ...
+
+    @property
     def display_url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class JobLedgerRows:
+    """One job's recorded rows over a window, as `Control.ledger` reads them."""
+
+    claims: list[Claim]
+    records: list[Attempt]
+    releases: list[tuple[datetime, str]]
+    """(when, key) of each release an operator made (refused ones left out)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +198,8 @@ class Control:
         self.store = store
         self.dialect = store.dialect
         self.signals = CancelSignals(store)
+        self._seen: set[str] = set()
+        """Jobs whose first appearance this process has recorded."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -384,6 +399,56 @@ class Control:
             for row in await self.store._read(sql.claims_of(job, chunk)):
                 found[row.key] = claim_from_row(row)
         return found
+
+    # -- a job's ledger over a window: what `oncely verify` checks ------------------------
+
+    async def seen_jobs(self, names: Sequence[str]) -> None:
+        """Record the first appearance of these jobs (a job seen before keeps its first);
+        nothing on a database without oncely_jobs."""
+        new = [name for name in names if name not in self._seen]
+        if not new or not self.store.has_jobs:
+            return
+        statement = sql.record_jobs(self.dialect.insert(), new, self.dialect.now())
+        async with self._write(record=True) as conn:
+            await conn.execute(statement)
+        self._seen.update(new)  # once per process: `oncely run` in a loop writes it once
+
+    async def first_seen(self, job: str) -> datetime | None:
+        """When a job first appeared: its recorded first appearance, or its oldest claimed or
+        attempted slot if older (an older oncely records no appearance); None: never seen."""
+        await self._need()
+        found: list[datetime] = []
+        if self.store.has_jobs:
+            found += [r[0] for r in await self.store._read(sql.first_seen(job))]
+        for row in await self.store._read(sql.first_slots(job)):
+            found += [t for t in row if t is not None]
+        return min(found) if found else None
+
+    async def first_seen_all(self) -> dict[str, datetime]:
+        """When each recorded job first appeared, by name."""
+        if not self.store.has_jobs:
+            return {}
+        return {r.name: r.first_seen for r in await self.store._read(sql.jobs_first_seen())}
+
+    async def ledger(self, job: str, since: datetime, until: datetime) -> JobLedgerRows:
+        """A job's claims, attempt records (those with no outcome say if alive) and releases
+        for the slots in [since, until]."""
+        await self._need()
+        claims = [
+            claim_from_row(r) for r in await self.store._read(sql.claims_between(job, since, until))
+        ]
+        records = []
+        for row in await self.store._read(sql.records_between(job, since, until)):
+            alive = False
+            if row.outcome is None and row.started_at is not None:
+                alive = await self._holding(row)
+            records.append(_attempt(row, alive))
+        releases = []
+        for row in await self.store._read(sql.releases_since(job, since)):
+            target = str(row.target)
+            if target.startswith(f"{job} ") and not str(row.result).startswith("refused"):
+                releases.append((row.at, target[len(job) + 1 :]))
+        return JobLedgerRows(claims, records, releases)
 
     # -- pauses -------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from .tables import (
     attempts,
     audit,
     duplicates,
+    jobs,
     pauses,
     runs,
     schema_versions,
@@ -151,6 +152,12 @@ def _v13_ack(conn: Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
+def _v16_jobs(conn: Connection) -> None:
+    # A new table only: an older oncely runs on v16 (it records no first appearances, and
+    # `oncely verify` then dates a job from its oldest claim in the window).
+    jobs.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -167,6 +174,11 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (11, "oncely_task_errors: every failed task attempt's error", _v11_task_errors),
     (12, "the NOTIFY trigger names the enqueueing transaction (workers take turns)", _v12_wake),
     (13, "oncely_task_ack(): a task's ack, planned once per connection", _v13_ack),
+    (
+        16,
+        "oncely_jobs: when each job first appeared (what `oncely verify` dates it from)",
+        _v16_jobs,
+    ),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -187,6 +199,9 @@ last error (on its row), and record no history."""
 ACK_FUNCTION = 13
 """The schema version that holds oncely_task_ack() (Postgres): older databases get the ack as
 a statement of its own, planned at every task."""
+
+JOBS = 16
+"""The schema version that holds oncely_jobs: older databases record no first appearances."""
 
 REQUIRED = 9
 """The oldest schema this oncely runs on. v4 and v9 add columns that this oncely's enqueue
@@ -213,3 +228,8 @@ def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> l
             conn.execute(sql.record_version(version, dialect.now()))
             applied.append(version)
     return applied
+
+
+def applied_from(version: int) -> list[int]:
+    """The versions `migrate` applies to a database at `version - 1`, in order."""
+    return [v for v, _what, _step in MIGRATIONS if v >= version]

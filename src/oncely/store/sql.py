@@ -17,6 +17,7 @@ from .tables import (
     attempts,
     audit,
     duplicates,
+    jobs,
     pauses,
     runs,
     schema_versions,
@@ -452,3 +453,64 @@ def audit_page(
     if before is not None:
         stmt = stmt.where(audit.c.id < before)
     return stmt
+
+
+# -- what `oncely verify` reads: one job's ledger over a window ----------------------------
+
+
+def record_jobs(insert: Any, names: list[str], now: Any) -> Any:
+    """Record the first appearance of some jobs (a job seen before keeps its first)."""
+    rows = [{"name": name, "first_seen": now} for name in names]
+    return insert(jobs).values(rows).on_conflict_do_nothing(index_elements=[jobs.c.name])
+
+
+def first_seen(job: str) -> sa.Select[Any]:
+    """When a job first appeared (a worker or `oncely run` started with it)."""
+    return sa.select(jobs.c.first_seen).where(jobs.c.name == job)
+
+
+def first_slots(job: str) -> sa.Select[Any]:
+    """The oldest slot a job claimed and the oldest one it started an attempt at (indexed)."""
+    claimed = sa.select(sa.func.min(runs.c.scheduled_for)).where(runs.c.job == job)
+    started = sa.select(sa.func.min(attempts.c.slot)).where(
+        attempts.c.job == job, attempts.c.started_at.is_not(None)
+    )
+    return sa.select(claimed.scalar_subquery(), started.scalar_subquery())
+
+
+def jobs_first_seen() -> sa.Select[Any]:
+    """When each job first appeared (one row per job a worker or `oncely run` started)."""
+    return sa.select(jobs.c.name, jobs.c.first_seen)
+
+
+def claims_between(job: str, since: Any, until: Any) -> sa.Select[Any]:
+    """The claims of a job whose slot lies in [since, until], oldest slot first."""
+    return (
+        sa.select(runs)
+        .where(runs.c.job == job, runs.c.scheduled_for >= since, runs.c.scheduled_for <= until)
+        .order_by(runs.c.scheduled_for, runs.c.claimed_at)
+    )
+
+
+def records_between(job: str, since: Any, until: Any) -> sa.Select[Any]:
+    """The attempt records of a job's slots in [since, until], and the missed ranges that
+    reach into it, oldest first."""
+    reaches = sa.and_(attempts.c.outcome == "missed", attempts.c.slot_last >= since)
+    return (
+        sa.select(attempts)
+        .where(
+            attempts.c.job == job,
+            attempts.c.slot <= until,
+            sa.or_(attempts.c.slot >= since, reaches),
+        )
+        .order_by(attempts.c.id)
+    )
+
+
+def releases_since(job: str, since: Any) -> sa.Select[Any]:
+    """The operators' releases of a job's slots at or after `since`, oldest first."""
+    return (
+        sa.select(audit.c.at, audit.c.target, audit.c.result)
+        .where(audit.c.job == job, audit.c.action == "release", audit.c.at >= since)
+        .order_by(audit.c.id)
+    )

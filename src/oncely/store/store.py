@@ -47,6 +47,7 @@ from .migrations import (
     ACK_FUNCTION,
     CONTROL,
     DUPLICATES,
+    JOBS,
     LATEST,
     REQUIRED,
     TASK_ERRORS,
@@ -162,6 +163,11 @@ class Store:
         """Whether the database has the control plane's tables (known once the schema was
         checked: `ensure_schema`, `migrate`)."""
         return self._version is not None and self._version >= CONTROL
+
+    @property
+    def has_jobs(self) -> bool:
+        """Whether the database records each job's first appearance (oncely_jobs)."""
+        return self._version is not None and self._version >= JOBS
 
     @property
     def has_duplicates(self) -> bool:

@@ -282,3 +282,15 @@ task_errors = sa.Table(
     comment="One row per failed task attempt: its error and traceback, who ran it, when.",
 )
 sa.Index("oncely_task_errors_task", task_errors.c.task_id, task_errors.c.id)
+
+
+# The first appearance of each job (schema v16): written (first one wins) when a worker or
+# `oncely run` starts with the job. Slots before it were never expected: `oncely verify`
+# calls them "before the job existed", never missed.
+jobs = sa.Table(
+    "oncely_jobs",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("first_seen", UTCDateTime(), nullable=False),
+    comment="One row per job a worker or `oncely run` started with: when it first appeared.",
+)

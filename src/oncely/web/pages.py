@@ -61,9 +61,10 @@ class JobRow:
 async def _last_outcomes(
     settings: Settings, jobs: list[Job], now: datetime, pauses: dict[str, Pause]
 ) -> list[tuple[datetime | None, str | None, str | None]]:
-    """Each job's latest due slot, its outcome and its sentence: two reads for all jobs
+    """Each job's latest due slot, its outcome and its sentence: three reads for all jobs
     (and one per job whose attempt has no outcome yet: is it still running?)."""
     store = settings.app.store
+    first_seen = await store.control.first_seen_all()
     latest = {job.name: job.schedule.latest_at_or_before(now) for job in jobs}
     pairs = [(job.name, job.key_for(at)) for job in jobs if (at := latest[job.name]) is not None]
     claims, records = await store.views.slots(pairs) if pairs else ({}, {})
@@ -88,6 +89,7 @@ async def _last_outcomes(
             claim=claims.get((job.name, key)),
             records=mine,
             pauses=[pause] if pause is not None else [],
+            first_seen=first_seen.get(job.name),
         )
         found.append((slot, timeline.outcome_of(explanation.answer), explanation.sentence))
     return found
@@ -169,7 +171,10 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
     n = _slots_param(request)
     await app.store.ensure_schema()
     now, pauses = await gather(app.store.database_time(), app.pauses())
-    views = await timeline.timeline(app, job, now, n)
+    slots = timeline.expected_slots(job, now, n)
+    verdict = await app.verify([job.name], since=slots[0] if slots else now, until=now)
+    (judged,) = verdict.jobs
+    views = await timeline.timeline(app, job, now, n, judged.first_seen)
     pause = pauses.get(job.name)
     return {
         "job": job,
@@ -179,6 +184,7 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
         "n": n,
         "slots": views,
         "marks": timeline.counts(views),
+        "verdict": judged,
         "outcomes": timeline.OUTCOMES,
         "next": app.next_slots(job.name, now, NEXT_SLOTS),
         "shifts": dst_shifts(job.schedule, now),

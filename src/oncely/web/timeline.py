@@ -17,7 +17,16 @@ from .render import gather
 MAX_SLOTS = 500
 """The most slots one timeline shows (`?n=`)."""
 
-OUTCOMES = ("ran", "failed", "timed_out", "cancelled", "paused", "missed", "running")
+OUTCOMES = (
+    "ran",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "paused",
+    "missed",
+    "running",
+    "before_job",
+)
 """The colours of a timeline's marks."""
 
 _OUTCOME = {
@@ -28,6 +37,7 @@ _OUTCOME = {
     "timeout": "timed_out",
     "cancelled": "cancelled",
     "paused": "paused",
+    "before_job": "before_job",
 }
 
 
@@ -73,8 +83,11 @@ def expected_slots(job: Job, now: datetime, n: int) -> list[datetime]:
     return list(reversed(found))
 
 
-async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotView]:
-    """The last `n` slots of `job`, oldest first, each explained."""
+async def timeline(
+    app: Oncely, job: Job, now: datetime, n: int, first_seen: datetime | None = None
+) -> list[SlotView]:
+    """The last `n` slots of `job`, oldest first, each explained (`first_seen`: when the job
+    first appeared; a slot before it with no record is `before_job`, not missed)."""
     slots = expected_slots(job, now, n)
     if not slots:
         return []
@@ -108,6 +121,7 @@ async def timeline(app: Oncely, job: Job, now: datetime, n: int) -> list[SlotVie
             claim=claims.get(key),
             records=mine,
             pauses=pauses,
+            first_seen=first_seen,
         )
         views.append(
             SlotView(

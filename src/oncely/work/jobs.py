@@ -118,6 +118,8 @@ class JobWorker:
             return
         tracing.warm()  # before the first slot: not inside its attempt
         self.scheduler.started = self.now()
+        with contextlib.suppress(OncelyError):  # best effort: verify then dates by claims
+            await self.store.control.seen_jobs([job.name for job in self.jobs])
         events.emit(
             "worker.started",
             "worker started",

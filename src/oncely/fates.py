@@ -1,0 +1,410 @@
+"""Is every expected slot accounted for? The fate of each slot of a job over a window, and
+every finding against the fate model, from what the database recorded. Pure: the app reads
+the records and hands them here (`oncely verify`, the dashboard's job page).
+
+A slot's fate, first match wins: ran (a claim) · not_due (later than the database's now) ·
+before_job (before the job's first appearance) · running (an attempt holds it) · given_up
+(its attempt failed, timed out or was cancelled, and is final) · released (an operator freed
+it) · paused (inside a pause) · overlap · missed (a recorded catch-up/grace note covers it) ·
+due (came due within `settle` seconds: a worker is about to take it).
+
+A finding is anything the model does not allow: a due slot with no fate (`unaccounted`, or
+`died` when its only attempt's process died and nobody ran it again), a claim made under a
+key the job's key function no longer gives its slot (`key_changed`), two claims of one slot
+(`doubled`), a slot run again after it was given up and not released (`rerun`), a slot
+claimed before it was due (`early`), and tasks that no live worker can run (`unrunnable`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .model import Attempt, Claim, Pause
+
+SETTLE = timedelta(seconds=15)
+"""A slot due this recently and not yet taken is `due`, not a finding: a worker's tick, a
+busy retry or a catch-up is about to take it."""
+
+ACCOUNTED = (
+    "ran",
+    "not_due",
+    "before_job",
+    "running",
+    "given_up",
+    "released",
+    "paused",
+    "overlap",
+    "missed",
+    "due",
+)
+"""The fates a slot may have; any other answer is a finding."""
+
+_ENDS = ("failed", "timeout", "cancelled")
+
+
+_LOST = re.compile(r"Unavailable|Connection|Interface|Operational|Shutdown")
+"""Error classes of an attempt that lost its database: a crash by the model, not a give-up."""
+
+
+def gives_up(record: Attempt) -> bool:
+    """Whether an attempt record gives its slot up for good (the model's final mark).
+
+    The one place that reads the mark: today an attempt that failed, timed out or was
+    cancelled is final (no retry policy for jobs yet), except one that failed because its
+    database connection was lost (a crash: the slot is free again); a record with a retry
+    scheduled will answer False here.
+    """
+    if record.outcome not in _ENDS:
+        return False
+    return not (record.outcome == "failed" and _LOST.search(record.error_class or ""))
+
+
+@dataclass(frozen=True)
+class SlotFate:
+    """One expected slot and what became of it."""
+
+    slot: datetime
+    key: str
+    fate: str
+    """One of ACCOUNTED, or `unaccounted` / `died` (with a finding)."""
+    by: str | None = None
+    at: datetime | None = None
+    detail: str | None = None
+    """The recorded reason: the missed rule, the attempt's error, the pause's actor."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something the fate model does not allow, with the slot (or tasks) it concerns."""
+
+    kind: str
+    job: str | None
+    message: str
+    slot: datetime | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class JobLedger:
+    """What the app read about one job for a window: its records and its definition."""
+
+    job: str
+    slots: Sequence[datetime]
+    """The job's schedule's slots in the window, oldest first."""
+    key_for: Callable[[datetime], str]
+    first_seen: datetime | None
+    claims: Sequence[Claim]
+    records: Sequence[Attempt]
+    pauses: Sequence[Pause]
+    releases: Sequence[tuple[datetime, str]] = ()
+    """(when, key) of each release an operator made."""
+
+
+@dataclass(frozen=True)
+class JobVerdict:
+    """Every expected slot of one job in the window, with its fate, and the findings."""
+
+    job: str
+    slots: tuple[SlotFate, ...]
+    findings: tuple[Finding, ...]
+    first_seen: datetime | None
+
+    def counts(self) -> dict[str, int]:
+        """How many slots of each fate."""
+        found: dict[str, int] = {}
+        for s in self.slots:
+            found[s.fate] = found.get(s.fate, 0) + 1
+        return found
+
+    def summary(self) -> str:
+        """One line: slots, fates, findings."""
+        order = {fate: i for i, fate in enumerate(ACCOUNTED)}
+        counted = sorted(self.counts().items(), key=lambda item: order.get(item[0], len(order)))
+        fates = ", ".join(f"{n} {fate}" for fate, n in counted)
+        n = len(self.findings)
+        tail = "all accounted for" if not n else f"{n} finding{'s' if n != 1 else ''}"
+        return f"{self.job}: {len(self.slots)} slots ({fates or 'none'}): {tail}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer of `oncely verify`: each job's verdict, and findings about no one job."""
+
+    since: datetime
+    until: datetime
+    now: datetime
+    jobs: tuple[JobVerdict, ...]
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def all_findings(self) -> list[Finding]:
+        return [f for j in self.jobs for f in j.findings] + list(self.findings)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every slot and task is accounted for."""
+        return not self.all_findings
+
+    def as_json(self) -> dict[str, Any]:
+        """The verdict as JSON-ready values (`oncely verify --json`)."""
+        return {
+            "ok": self.ok,
+            "since": _iso(self.since),
+            "until": _iso(self.until),
+            "now": _iso(self.now),
+            "jobs": [
+                {
+                    "job": j.job,
+                    "first_seen": _iso(j.first_seen),
+                    "counts": j.counts(),
+                    "slots": [_slot_json(s) for s in j.slots],
+                }
+                for j in self.jobs
+            ],
+            "findings": [_finding_json(f) for f in self.all_findings],
+        }
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t is not None else None
+
+
+def _slot_json(s: SlotFate) -> dict[str, Any]:
+    return {
+        "slot": _iso(s.slot),
+        "key": s.key,
+        "fate": s.fate,
+        "by": s.by,
+        "at": _iso(s.at),
+        "detail": s.detail,
+    }
+
+
+def _finding_json(f: Finding) -> dict[str, Any]:
+    return {"kind": f.kind, "job": f.job, "slot": _iso(f.slot), "key": f.key, "message": f.message}
+
+
+# -- one job ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Index:
+    """A job's records by slot, built once per verdict."""
+
+    claims_by_slot: dict[datetime, list[Claim]]
+    claims_by_key: dict[str, Claim]
+    records_by_key: dict[str, list[Attempt]]
+    missed: list[Attempt]
+    releases: dict[str, list[datetime]]
+
+    @classmethod
+    def of(cls, ledger: JobLedger) -> _Index:
+        by_slot: dict[datetime, list[Claim]] = {}
+        for c in ledger.claims:
+            if c.scheduled_for is not None:
+                by_slot.setdefault(c.scheduled_for, []).append(c)
+        records: dict[str, list[Attempt]] = {}
+        for r in ledger.records:
+            if r.key is not None:
+                records.setdefault(r.key, []).append(r)
+        releases: dict[str, list[datetime]] = {}
+        for at, key in ledger.releases:
+            releases.setdefault(key, []).append(at)
+        return cls(
+            claims_by_slot=by_slot,
+            claims_by_key={c.key: c for c in ledger.claims},
+            records_by_key=records,
+            missed=[r for r in ledger.records if r.outcome == "missed" and r.slot is not None],
+            releases=releases,
+        )
+
+
+def verify_job(ledger: JobLedger, now: datetime, settle: timedelta = SETTLE) -> JobVerdict:
+    """The fate of each slot of `ledger.slots`, and the findings, at database time `now`."""
+    index = _Index.of(ledger)
+    fates: list[SlotFate] = []
+    findings: list[Finding] = []
+    for slot in ledger.slots:
+        key = ledger.key_for(slot)
+        fate, found = _slot(ledger, index, slot, key, now, settle)
+        fates.append(fate)
+        findings.extend(found)
+    return JobVerdict(ledger.job, tuple(fates), tuple(findings), ledger.first_seen)
+
+
+def _slot(
+    ledger: JobLedger, index: _Index, slot: datetime, key: str, now: datetime, settle: timedelta
+) -> tuple[SlotFate, list[Finding]]:
+    claims = _claims_of(index, slot, key)
+    records = index.records_by_key.get(key, [])
+    if claims:
+        return _ran(ledger, index, slot, key, claims, records)
+    if slot > now:
+        return SlotFate(slot, key, "not_due"), []
+    if ledger.first_seen is None or slot < ledger.first_seen:
+        return SlotFate(slot, key, "before_job", at=ledger.first_seen), []
+    fate = _not_run(ledger, index, slot, key, records)
+    if fate is not None:
+        return fate, []
+    if now - slot <= settle:
+        return SlotFate(slot, key, "due"), []
+    return _unaccounted(ledger.job, slot, key, records)
+
+
+def _claims_of(index: _Index, slot: datetime, key: str) -> list[Claim]:
+    """Every claim of the slot: under its key now, and under any key at its time."""
+    found = list(index.claims_by_slot.get(slot, []))
+    by_key = index.claims_by_key.get(key)
+    if by_key is not None and by_key not in found:
+        found.append(by_key)
+    return found
+
+
+def _ran(
+    ledger: JobLedger,
+    index: _Index,
+    slot: datetime,
+    key: str,
+    claims: list[Claim],
+    records: list[Attempt],
+) -> tuple[SlotFate, list[Finding]]:
+    first = min(claims, key=lambda c: c.claimed_at)
+    job = ledger.job
+    findings: list[Finding] = []
+    when = _at(slot)
+    if len(claims) > 1:
+        keys = ", ".join(c.key for c in claims)
+        findings.append(
+            Finding(
+                "doubled", job, f"{job} slot {when} ran {len(claims)} times ({keys})", slot, key
+            )
+        )
+    for c in claims:
+        if c.key != key:
+            findings.append(
+                Finding(
+                    "key_changed",
+                    job,
+                    f"{job} slot {when} was claimed under key {c.key!r}; its key is {key!r} "
+                    "now (the key function changed): it can run again under the new key",
+                    slot,
+                    c.key,
+                )
+            )
+        if c.claimed_at < slot:
+            findings.append(
+                Finding(
+                    "early",
+                    job,
+                    f"{job} slot {when} was claimed at {_at(c.claimed_at)}, before it was due",
+                    slot,
+                    c.key,
+                )
+            )
+    given = _given_up(records, index.releases.get(key, []), before=first.claimed_at)
+    if given is not None:
+        findings.append(
+            Finding(
+                "rerun",
+                job,
+                f"{job} slot {when} ran (by {first.claimed_by} at {_at(first.claimed_at)}) after "
+                f"it was given up ({given.outcome} by {given.replica}) and not released",
+                slot,
+                key,
+            )
+        )
+    return SlotFate(slot, key, "ran", by=first.claimed_by, at=first.claimed_at), findings
+
+
+def _given_up(
+    records: Sequence[Attempt], releases: Sequence[datetime], before: datetime | None = None
+) -> Attempt | None:
+    """The newest final end record of the slot not released since (ended before `before`)."""
+    for r in reversed(records):
+        if not gives_up(r) or r.finished_at is None:
+            continue
+        if before is not None and r.finished_at > before:
+            continue
+        if any(at >= r.finished_at for at in releases):
+            return None
+        return r
+    return None
+
+
+def _not_run(
+    ledger: JobLedger, index: _Index, slot: datetime, key: str, records: list[Attempt]
+) -> SlotFate | None:
+    """The recorded reason a due slot did not run, if there is one."""
+    running = [r for r in records if r.outcome is None and r.alive]
+    if running:
+        return SlotFate(slot, key, "running", by=running[-1].replica, at=running[-1].started_at)
+    releases = index.releases.get(key, [])
+    given = _given_up(records, releases)
+    if given is not None:
+        detail = given.outcome if not given.error else f"{given.outcome}: {given.error}"
+        return SlotFate(
+            slot, key, "given_up", by=given.replica, at=given.finished_at, detail=detail
+        )
+    released = [r for r in records if r.outcome == "ran"]
+    if released or releases:
+        at = releases[-1] if releases else released[-1].finished_at
+        return SlotFate(slot, key, "released", at=at, detail="freed by an operator")
+    return _skipped(ledger, index, slot, key, records)
+
+
+def _skipped(
+    ledger: JobLedger, index: _Index, slot: datetime, key: str, records: list[Attempt]
+) -> SlotFate | None:
+    """Paused, overlap-skipped or missed by policy, from the pauses and the notes."""
+    for p in reversed(ledger.pauses):
+        if p.paused_at <= slot and (p.resumed_at is None or slot < p.resumed_at):
+            held = "held: the pause is still open" if p.resumed_at is None else p.reason
+            return SlotFate(slot, key, "paused", by=p.paused_by, at=p.paused_at, detail=held)
+    overlaps = [r for r in records if r.outcome == "overlap"]
+    if overlaps:
+        o = overlaps[-1]
+        return SlotFate(slot, key, "overlap", by=o.replica, at=o.recorded_at)
+    for m in reversed(index.missed):
+        assert m.slot is not None
+        if m.slot <= slot <= (m.slot_last or m.slot):
+            rule = m.error or "catch_up"
+            return SlotFate(slot, key, "missed", by=m.replica, at=m.recorded_at, detail=rule)
+    return None
+
+
+def _unaccounted(
+    job: str, slot: datetime, key: str, records: list[Attempt]
+) -> tuple[SlotFate, list[Finding]]:
+    died = [r for r in records if r.outcome is None and r.started_at is not None]
+    when = _at(slot)
+    if died:
+        d = died[-1]
+        message = (
+            f"{job} slot {when} did not run: its attempt by {d.replica} died and nobody ran "
+            "it again"
+        )
+        return SlotFate(slot, key, "died", by=d.replica, at=d.started_at), [
+            Finding("died", job, message, slot, key)
+        ]
+    message = f"{job} slot {when} was due and neither ran nor was skipped for a recorded reason"
+    return SlotFate(slot, key, "unaccounted"), [Finding("unaccounted", job, message, slot, key)]
+
+
+def _at(t: datetime) -> str:
+    return t.isoformat(timespec="seconds") if t.microsecond == 0 else t.isoformat()
+
+
+def unrunnable_findings(unrunnable: Mapping[str, int] | None) -> list[Finding]:
+    """One finding per task name whose waiting tasks no live worker can run."""
+    found = []
+    for name, n in sorted((unrunnable or {}).items()):
+        message = (
+            f"{n} task{'s' if n != 1 else ''} {name!r} wait{'' if n != 1 else 's'} and no live "
+            "worker can run them (none registers that name)"
+        )
+        found.append(Finding("unrunnable", None, message))
+    return found
