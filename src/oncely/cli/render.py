@@ -1,4 +1,7 @@
-"""How the CLI shows things: every line and table it prints is formatted here."""
+"""How the CLI shows things: every line and table it prints is formatted here, and
+printed by `echo` (text) or `dumps` (JSON), the one masking pass: no credential in an error
+text, a URL or a libpq DSN reaches the terminal in clear.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+import click
 
 from ..masking import mask_secrets
 from ..model import (
@@ -105,9 +110,25 @@ def history_rows(claims: Sequence[Claim], jobs: Mapping[str, Job]) -> list[list[
     return rows
 
 
+def echo(text: str = "", *, err: bool = False) -> None:
+    """Print one text (stdout, or stderr with `err`), credentials masked."""
+    click.echo(mask_secrets(text), err=err)
+
+
+def masked(data: Any) -> Any:
+    """JSON-ready data with every string in it (keys too) credentials-masked."""
+    if isinstance(data, str):
+        return mask_secrets(data)
+    if isinstance(data, dict):
+        return {masked(k): masked(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [masked(v) for v in data]
+    return data
+
+
 def dumps(data: Any) -> str:
-    """One JSON document."""
-    return json.dumps(data, indent=2, ensure_ascii=False)
+    """One JSON document, every string in it credentials-masked."""
+    return json.dumps(masked(data), indent=2, ensure_ascii=False)
 
 
 def job_dict(
@@ -228,6 +249,7 @@ def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
     rows = []
     for r in records:
         error = "" if r.state is TaskState.SUCCEEDED else (r.error or "").split("\n", 1)[0]
+        error = mask_secrets(error)  # before the cut, which could leave half a URL
         when = r.finished_at if r.finished_at is not None else r.run_at
         rows.append(
             [
