@@ -47,7 +47,7 @@ from .work.tasks import ANNOUNCE_EVERY, TaskWorker
 F = TypeVar("F", bound=JobFunc)
 
 DEFAULT_DATABASE_URL = "sqlite:///oncely.db"
-DEFAULT_MAX_SLOTS = 1000
+DEFAULT_MAX_SLOTS = config.MAX_SLOTS
 """A backfill of more slots than this is refused before anything runs (`--max-slots`)."""
 BACKFILL_PATIENCE = 60.0
 """Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
@@ -24,11 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import clock, events, logs
-from ..app import Oncely
 from ..errors import BadInputError, OncelyError
 from ..model import Claim, Pause, RunResult, RunStatus
 from . import render
-from .loading import load_app
+
+if TYPE_CHECKING:  # the app (SQLAlchemy, the drivers) is imported when a command needs it
+    import asyncio
+
+    from ..app import Oncely
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 LEVELS = ("debug", "info", "warning", "error")
@@ -52,6 +54,8 @@ class Context:
     @property
     def app(self) -> Oncely:
         if self._app is None:
+            from .loading import load_app
+
             app = load_app(self.app_spec)
             if self.database_url:
                 app.use_database(self.database_url)
@@ -60,6 +64,8 @@ class Context:
 
     def call(self, work: Callable[[Oncely], Awaitable[T]]) -> T:
         """Run one async call against the app on the command's event loop."""
+        import asyncio
+
         app = self.app
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
@@ -76,6 +82,8 @@ class Context:
         loop, self._loop = self._loop, None
         if loop is None:
             return
+        import asyncio
+
         try:
             if self._app is not None:
                 loop.run_until_complete(self._app.aclose())

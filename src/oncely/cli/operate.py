@@ -7,16 +7,20 @@ backfill ran failed, 2 bad input or refused (nothing changed).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import sys
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 
-from ..app import DEFAULT_MAX_SLOTS, Oncely
+from .. import config
 from ..model import RunResult, RunStatus
+
+if TYPE_CHECKING:
+    from ..app import Oncely
+
 from . import EXIT_JOB_FAILED, Context, handled, known_job, parse_time, render, text_arg
 
 ACTOR_HELP = "Who does this, for the audit trail (default: user@host)."
@@ -87,7 +91,7 @@ def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_jso
 @click.option("--apply", "apply", is_flag=True, help="Run the free slots (default: plan only).")
 @click.option(
     "--max-slots",
-    default=DEFAULT_MAX_SLOTS,
+    default=config.MAX_SLOTS,
     show_default=True,
     type=click.IntRange(1, 1_000_000),
     help="Refuse a range of more slots than this.",
@@ -151,6 +155,8 @@ def _apply(
         if not as_json:
             failed = result.status in _FAILED
             render.echo(render.run_line(result), err=failed)
+
+    import asyncio
 
     async def go(app: Oncely) -> list[RunResult]:
         stop = asyncio.Event()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,10 +26,12 @@ from ..model import (
     TaskRecord,
     TaskState,
 )
-from ..registry import Job
-from ..retry import RetryPolicy
-from ..tasks import Task
-from ..waiting import Held, Waited
+
+if TYPE_CHECKING:  # imported for their types only: `oncely --help` imports none of them
+    from ..registry import Job
+    from ..retry import RetryPolicy
+    from ..tasks import Task
+    from ..waiting import Waited
 
 
 def iso(t: datetime | None) -> str:
@@ -267,6 +269,8 @@ def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
 
 def waited_line(busy: RunResult, waited: Waited) -> str:
     """The line `oncely run --wait` prints once the busy slot's holder is done (or not)."""
+    from ..waiting import Held
+
     head = f"{busy.job} slot {iso(busy.slot)} key {busy.key}"
     took = f"after waiting {waited.waited:.1f} s"
     if waited.held is Held.RAN and waited.claim is not None:

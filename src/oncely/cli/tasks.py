@@ -6,13 +6,16 @@ import json
 import re
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
 from ..model import TaskHistory, TaskRecord, TaskState
+
+if TYPE_CHECKING:
+    from ..app import Oncely
+
 from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
