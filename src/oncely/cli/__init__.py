@@ -515,6 +515,11 @@ def release(
     text_arg(reason, "--reason")
     text_arg(actor, "--actor")
     claim = obj.call(lambda app: app.release(job, key, force=force, actor=actor, reason=reason))
+    if claim is None and all(j.name != job for j in obj.app.registry):
+        fail(
+            f"unknown job {job!r}: the app has no such job, and the database no claim of it "
+            f"at key {key!r}: nothing released (see `oncely list` and `oncely history`)"
+        )
     if claim is None:
         fail(
             f"no claim for job {job!r} key {key!r}: nothing released "
