@@ -54,7 +54,7 @@ from .work.tasks import ANNOUNCE_EVERY, TaskWorker
 F = TypeVar("F", bound=JobFunc)
 
 DEFAULT_DATABASE_URL = "sqlite:///oncely.db"
-DEFAULT_MAX_SLOTS = 1000
+DEFAULT_MAX_SLOTS = config.MAX_SLOTS
 """A backfill of more slots than this is refused before anything runs (`--max-slots`)."""
 BACKFILL_PATIENCE = 60.0
 """Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,
@@ -443,7 +443,7 @@ class Oncely:
     async def task_record(self, task_id: int) -> TaskRecord:
         """One task as it is now (its state, attempts, result); BadInputError if there is no
         such task (never enqueued, or pruned)."""
-        rec = await self.store.tasks.get(task_id)
+        rec = await self.store.tasks.get(_task_id(task_id))
         if rec is None:
             raise BadInputError(f"no task with id {task_id} (never enqueued, or pruned)")
         return rec
@@ -452,7 +452,7 @@ class Oncely:
         """A task's failed attempts, newest first (at most `limit`): each one's number, error
         and traceback, worker and time; none kept on a database older than schema 11."""
         await self.store.ensure_schema()
-        return await self.store.views.task_errors(task_id, limit)
+        return await self.store.views.task_errors(_task_id(task_id), limit)
 
     async def task_result(self, task_id: int, *, timeout: float | None = 30.0) -> Any:
         """What task `task_id` returned (None if it returned None), once it has succeeded:
@@ -462,7 +462,9 @@ class Oncely:
         ResultTimeoutError if it is still queued or running at the deadline, BadInputError
         if there is no such task (never enqueued, or pruned with its result).
         """
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+        if timeout is not None and (
+            not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf
+        ):  # nan too: it compares false both ways, and would wait forever
             raise BadInputError(f"task_result(timeout=...) must be >= 0 seconds, got {timeout!r}")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -487,6 +489,10 @@ class Oncely:
     def _action(
         self, action: str, job: str | None, target: str, actor: str | None, reason: str | None
     ) -> Action:
+        if actor is not None and (not isinstance(actor, str) or len(actor) > MAX_ACTOR):
+            raise BadInputError(
+                f"the actor must be a name of at most {MAX_ACTOR} characters, got {actor!r:.80}"
+            )
         return Action(
             actor=actor or default_actor(), action=action, target=target, job=job, reason=reason
         )
@@ -521,7 +527,9 @@ class Oncely:
         """The (slot, key) pairs of `job` in [start, end); BadInputError for a reversed range
         or one of more than `max_slots` (no database touched)."""
         definition = self.registry.job(job)
-        start, end = _aware(start), _aware(end)
+        start, end = _in_years(_aware(start)), _in_years(_aware(end))
+        if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
+            raise BadInputError(f"max_slots must be an int of at least 1, got {max_slots!r}")
         if end <= start:
             raise BadInputError(
                 f"bad range: --to {end.isoformat()} is not after --from {start.isoformat()}"
@@ -792,25 +800,25 @@ class Oncely:
         running one gets a cancel request its worker acts on ("cancel requested", None).
         Audited; a task in another state is refused (TaskStateError)."""
         action = self._action("task_cancel", None, f"task {task_id}", actor, reason)
-        return await self.store.control.cancel_task(action, task_id)
+        return await self.store.control.cancel_task(action, _task_id(task_id))
 
     async def retry_task(
         self, task_id: int, *, actor: str | None = None, reason: str | None = None
     ) -> TaskRecord:
         """Run a dead, discarded or waiting task again now, with fresh attempts (audited)."""
         action = self._action("task_retry", None, f"task {task_id}", actor, reason)
-        return await self.store.control.retry_task(action, task_id)
+        return await self.store.control.retry_task(action, _task_id(task_id))
 
     async def discard_task(
         self, task_id: int, *, actor: str | None = None, reason: str | None = None
     ) -> TaskRecord:
         """Discard a task that has not succeeded (audited); a running attempt rolls back."""
         action = self._action("task_discard", None, f"task {task_id}", actor, reason)
-        return await self.store.control.discard_task(action, task_id)
+        return await self.store.control.discard_task(action, _task_id(task_id))
 
     async def explain_task(self, task_id: int) -> tuple[TaskRecord, str, str]:
         """A task's record, and (answer, sentence) about where it is and why."""
-        rec = await self.store.tasks.get(task_id)
+        rec = await self.store.tasks.get(_task_id(task_id))
         if rec is None:
             raise BadInputError(f"no task with id {task_id}")
         cancel = await self.store.control.task_cancel_request(task_id)
@@ -828,6 +836,8 @@ class Oncely:
         `older_than`, in one audited transaction; how many of each."""
         if older_than <= timedelta(0):
             raise BadInputError(f"--older-than must be positive, got {older_than}")
+        if older_than > MAX_AGE:
+            raise BadInputError(f"older_than {older_than} is over {MAX_AGE.days // 365} years")
         await self.store.ensure_schema()
         before = await self.store.database_time() - older_than
         action = self._action("prune", None, f"older than {_age(older_than)}", actor, reason)
@@ -849,6 +859,28 @@ def _age(delta: timedelta) -> str:
 
 
 _RAISED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED)
+
+
+MAX_ACTOR = 255
+"""Characters: the longest actor name the audit trail stores."""
+MAX_AGE = timedelta(weeks=5200)
+"""The oldest `prune` reaches back (100 years): further is before any row, and overflows."""
+
+
+def _task_id(task_id: object) -> int:
+    """A task id as the database keys it (a positive 64-bit int), or BadInputError."""
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 < task_id < 2**63:
+        raise BadInputError(f"a task id is a positive integer, got {task_id!r:.80}")
+    return task_id
+
+
+def _in_years(t: datetime) -> datetime:
+    if not clock.MIN_YEAR <= t.year <= clock.MAX_YEAR:
+        raise BadInputError(
+            f"time {t.isoformat()} is out of range: the year must be "
+            f"{clock.MIN_YEAR}-{clock.MAX_YEAR}"
+        )
+    return t
 
 
 def _aware(t: datetime) -> datetime:

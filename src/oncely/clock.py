@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
@@ -35,6 +36,10 @@ def is_set() -> bool:
     return _source is not None
 
 
+_ISO_SHAPE = re.compile(
+    r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d+)?)?)?)?([+-]\d{2}:\d{2})?$"
+)
+
 MIN_YEAR, MAX_YEAR = 1970, 9000
 """The years a time given by a person (an option, a form field) may name."""
 
@@ -47,7 +52,10 @@ def parse_iso(value: str, what: str, *, hint: str, naive: str | None = None) -> 
         text = text[:-1] + "+00:00"
     try:
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+    except ValueError as exc:
+        if _ISO_SHAPE.match(text) and ("range" in str(exc) or "must be in" in str(exc)):
+            # The shape is right, a field is not: 2026-02-30, 24:00, +25:00.
+            raise BadInputError(f"bad {what} {value!r}: no such date or time ({exc})") from None
         raise BadInputError(f"bad {what} {value!r}: {hint}") from None
     if parsed.tzinfo is None:
         if naive is not None:

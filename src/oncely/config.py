@@ -22,3 +22,5 @@ tasks handed back): inside Kubernetes' default 30 s grace period, with room to s
 hand-back and the exit before SIGKILL."""
 STARTUP_WAIT = 60.0
 """Seconds a starting worker waits for the database to come up before it gives up."""
+MAX_SLOTS = 1000
+"""The most slots one backfill plans or runs, unless told otherwise."""

@@ -6,7 +6,16 @@ LISTEN/NOTIFY wake-up); a schema made by Alembic alone works without it, by poll
 
 from __future__ import annotations
 
+from .store.migrations import COMPATIBLE_UP_TO
 from .store.migrations import LATEST as SCHEMA_VERSION
 from .store.tables import metadata, runs, schema_versions, task_starts, tasks
 
-__all__ = ["SCHEMA_VERSION", "metadata", "runs", "schema_versions", "task_starts", "tasks"]
+__all__ = [
+    "COMPATIBLE_UP_TO",
+    "SCHEMA_VERSION",
+    "metadata",
+    "runs",
+    "schema_versions",
+    "task_starts",
+    "tasks",
+]

@@ -57,9 +57,26 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
 
+# What no database stores as text: Postgres refuses a NUL (with a raw two-line DETAIL), SQLite
+# stores it and a lone surrogate, and the task then fails every attempt.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_text(value: str, path: str) -> None:
+    """Raise PayloadError naming `path` if `value` holds a NUL or a lone surrogate."""
+    found = _UNSTORABLE.search(value)
+    if found is not None:
+        what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+        raise PayloadError(f"{path} ({value!r:.60}) contains {what}, which no database stores")
+
+
 def check_json(value: Any, path: str) -> None:
-    """Raise PayloadError naming `path` unless `value` is plain JSON (no NaN, no tuples)."""
-    if value is None or isinstance(value, (bool, str, int)):
+    """Raise PayloadError naming `path` unless `value` is plain JSON (no NaN, no tuples) that
+    a database can store (no NUL, no lone surrogate in a string or a key)."""
+    if isinstance(value, str):
+        check_text(value, path)
+        return
+    if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -73,6 +90,7 @@ def check_json(value: Any, path: str) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise PayloadError(f"{path} has a key {key!r} that is not a str (JSON keys are)")
+            check_text(key, f"{path}: its key")
             check_json(item, f"{path}[{key!r}]")
         return
     raise PayloadError(
@@ -226,6 +244,7 @@ class Task:
         `run_at` under its short name (one of the two, or `delay`)."""
         args = dict(kwargs)
         for name, value in args.items():
+            check_text(name, f"task {self.name!r}: an argument's name")
             check_json(value, f"task {self.name!r}: argument {name!r}")
         names = frozenset(args)
         try:
@@ -244,6 +263,8 @@ class Task:
                 f"task {self.name!r}: idempotency_key must be a str of 1-255 characters, "
                 f"got {idempotency_key!r}"
             )
+        if idempotency_key is not None:
+            check_text(idempotency_key, f"task {self.name!r}: idempotency_key")
         run_at, seconds = self._when(run_at, at, delay)
         entry = {
             "task": self.name,

@@ -12,25 +12,45 @@ from pathlib import Path
 import sqlalchemy as sa
 from tests.reliability.helpers import engine_for, oncely, one_clear_line, snapshot
 
-from oncely.store.migrations import LATEST
+from oncely.store.migrations import BREAKING_STEP, COMPATIBLE_UP_TO, LATEST
 
 
-def test_a_schema_newer_than_this_oncely_is_refused(db_url: str) -> None:
-    assert oncely(db_url, "migrate").returncode == 0
+def fake_newer_schema(db_url: str, *versions: int) -> None:
+    """Record migrations that a later release applied (their steps are not run here)."""
     engine = engine_for(db_url)
     with engine.begin() as conn:
-        conn.execute(
-            sa.text("INSERT INTO oncely_schema (version, applied_at) VALUES (:v, :t)"),
-            {"v": LATEST + 1, "t": "2026-12-01 00:00:00"},
-        )
+        for version in versions:
+            conn.execute(
+                sa.text("INSERT INTO oncely_schema (version, applied_at) VALUES (:v, :t)"),
+                {"v": version, "t": "2026-12-01 00:00:00"},
+            )
     engine.dispose()
+
+
+def test_a_schema_from_a_breaking_migration_is_refused(db_url: str) -> None:
+    assert oncely(db_url, "migrate").returncode == 0
+    breaking = COMPATIBLE_UP_TO + 1
+    assert breaking % BREAKING_STEP == 0
+    fake_newer_schema(db_url, LATEST + 1, breaking)
     before = snapshot(db_url)
     for args in (["migrate"], ["run", "minutely", "--now", "2026-12-01T10:00:00Z"], ["history"]):
         done = oncely(db_url, *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         line = one_clear_line(done.stderr)
-        assert f"version {LATEST + 1}" in line and f"up to {LATEST}" in line, line
+        assert f"version {breaking}" in line and f"up to {COMPATIBLE_UP_TO}" in line, line
     assert snapshot(db_url) == before
+
+
+def test_a_newer_additive_schema_still_runs(db_url: str) -> None:
+    """Mid-rollout: the next release migrated (additive steps), this one restarts and runs."""
+    assert oncely(db_url, "migrate").returncode == 0
+    fake_newer_schema(db_url, *range(LATEST + 1, COMPATIBLE_UP_TO + 1))
+    migrated = oncely(db_url, "migrate")
+    assert migrated.returncode == 0 and "is up to date" in migrated.stdout, migrated.stderr
+    ran = oncely(db_url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
+    assert ran.returncode == 0 and ran.stdout.startswith("ran minutely"), ran.stderr
+    history = oncely(db_url, "history", "--json")
+    assert history.returncode == 0 and '"job": "minutely"' in history.stdout, history.stderr
 
 
 def test_a_sqlite_schema_changed_by_hand_is_not_an_unreachable_database(tmp_path: Path) -> None:

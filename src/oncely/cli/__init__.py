@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
@@ -24,12 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import clock, events, logs
-from ..app import Oncely
 from ..errors import BadInputError, OncelyError
-from ..masking import mask_secrets
 from ..model import Claim, Pause, RunResult, RunStatus
 from . import render
-from .loading import load_app
+
+if TYPE_CHECKING:  # the app (SQLAlchemy, the drivers) is imported when a command needs it
+    import asyncio
+
+    from ..app import Oncely
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 LEVELS = ("debug", "info", "warning", "error")
@@ -37,16 +38,24 @@ T = TypeVar("T")
 
 
 class Context:
-    """What the group's options resolve to, shared by every command."""
+    """What the group's options resolve to, shared by every command.
+
+    Every database call of one command runs on one event loop (`call`), and the pool is
+    closed on that loop when the command ends (`close`): a user's AsyncEngine keeps its
+    connections bound to the loop that opened them, so a second loop could not reuse them.
+    """
 
     def __init__(self, app_spec: str | None, database_url: str | None) -> None:
         self.app_spec = app_spec
         self.database_url = database_url
         self._app: Oncely | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def app(self) -> Oncely:
         if self._app is None:
+            from .loading import load_app
+
             app = load_app(self.app_spec)
             if self.database_url:
                 app.use_database(self.database_url)
@@ -54,21 +63,46 @@ class Context:
         return self._app
 
     def call(self, work: Callable[[Oncely], Awaitable[T]]) -> T:
-        """Run one async call against the app, then close its pool."""
+        """Run one async call against the app on the command's event loop."""
+        import asyncio
+
+        app = self.app
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
 
         async def go() -> T:
-            app = self.app
-            try:
-                return await work(app)
-            finally:
-                await app.aclose()
+            return await work(app)
 
-        return asyncio.run(go())
+        return self._loop.run_until_complete(go())
+
+    def close(self) -> None:
+        """At the command's end: close oncely's pool on its loop, then the loop (as
+        `asyncio.run` does: cancel what is left, finish async generators and executors)."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        import asyncio
+
+        try:
+            if self._app is not None:
+                loop.run_until_complete(self._app.aclose())
+        finally:
+            try:
+                left = asyncio.all_tasks(loop)
+                for task in left:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
 
 
 def fail(message: str) -> None:
     """Print an error and exit with the usage/configuration code."""
-    click.echo(f"error: {mask_secrets(message)}", err=True)
+    render.echo(f"error: {message}", err=True)
     sys.exit(EXIT_USAGE)
 
 
@@ -201,6 +235,7 @@ def cli(
             )
         events.set_level(event.strip(), level.strip().lower())
     ctx.obj = Context(app_spec, database_url)
+    ctx.call_on_close(ctx.obj.close)
 
 
 def _span(delta: timedelta) -> str:
@@ -278,7 +313,7 @@ def run(
         click.echo(render.dumps(render.run_dict(result)))
     if result.status is RunStatus.UNKNOWN:
         if not as_json:
-            click.echo(render.run_line(result), err=True)
+            render.echo(render.run_line(result), err=True)
         sys.exit(EXIT_UNKNOWN)
     if patience is not None and result.status is RunStatus.BUSY:
         wait_for_holder(obj, result, patience)
@@ -289,12 +324,12 @@ def run(
                 logs.traceback_line(err)  # one JSON object, like every other line
             else:
                 text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-                click.echo(mask_secrets(text.rstrip("\n")), err=True)
+                render.echo(text.rstrip("\n"), err=True)
         if not as_json:
-            click.echo(render.run_line(result), err=True)
+            render.echo(render.run_line(result), err=True)
         sys.exit(EXIT_JOB_FAILED)
     if not as_json:
-        click.echo(render.run_line(result))
+        render.echo(render.run_line(result))
 
 
 def parse_wait(value: str | None) -> float | None:
@@ -337,15 +372,15 @@ def wait_for_holder(obj: Context, busy: RunResult, patience: float) -> None:
     definition = obj.app.registry.job(busy.job)
     slot = busy.slot
     assert slot is not None  # a busy result always names its slot
-    click.echo(render.run_line(busy), err=True)
+    render.echo(render.run_line(busy), err=True)
     waited = obj.call(
         lambda app: wait(app.store, definition, slot, busy.key, replica_id(), patience)
     )
     line = render.waited_line(busy, waited)
     if waited.held is Held.RAN:
-        click.echo(line)
+        render.echo(line)
         return
-    click.echo(line, err=True)
+    render.echo(line, err=True)
     sys.exit(EXIT_JOB_FAILED)
 
 
@@ -372,7 +407,7 @@ def list_jobs(obj: Context, as_json: bool) -> None:
     ]
     tasks = [(task, counts.get(task.name, {})) for task in app.tasks]
     if as_json:
-        click.echo(
+        render.echo(
             render.dumps(
                 [render.job_dict(*entry) for entry in jobs]
                 + [render.task_def_dict(*entry) for entry in tasks]
@@ -380,11 +415,11 @@ def list_jobs(obj: Context, as_json: bool) -> None:
         )
         return
     headers = ["NAME", "SCHEDULE", "ZONE", "NEXT", "LAST RUN", "STATE"]
-    click.echo(render.table(headers, [render.job_row(*entry) for entry in jobs]))
+    render.echo(render.table(headers, [render.job_row(*entry) for entry in jobs]))
     if tasks:
-        click.echo()
+        render.echo()
         headers = ["TASK", "QUEUE", "RETRY", "TASKS BY STATE"]
-        click.echo(render.table(headers, [render.task_def_row(*entry) for entry in tasks]))
+        render.echo(render.table(headers, [render.task_def_row(*entry) for entry in tasks]))
 
 
 @cli.command("next")
@@ -420,10 +455,10 @@ def next_slots(obj: Context, job: str | None, count: int, after: str | None, as_
         return
     if job is not None:
         for slot in found[0][1]:
-            click.echo(render.iso(slot))
+            render.echo(render.iso(slot))
         return
     rows = [[name, render.iso(s)] for name, slots in found for s in slots]
-    click.echo(render.table(["JOB", "NEXT"], rows))
+    render.echo(render.table(["JOB", "NEXT"], rows))
 
 
 @cli.command()
@@ -446,7 +481,7 @@ def history(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(render.dumps([render.claim_dict(c, known.get(c.job)) for c in claims]))
         return
-    click.echo(
+    render.echo(
         render.table(
             ["JOB", "KEY", "SLOT", "CLAIMED BY", "CLAIMED AT", "DURATION"],
             render.history_rows(claims, known),
@@ -480,6 +515,11 @@ def release(
     text_arg(reason, "--reason")
     text_arg(actor, "--actor")
     claim = obj.call(lambda app: app.release(job, key, force=force, actor=actor, reason=reason))
+    if claim is None and all(j.name != job for j in obj.app.registry):
+        fail(
+            f"unknown job {job!r}: the app has no such job, and the database no claim of it "
+            f"at key {key!r}: nothing released (see `oncely list` and `oncely history`)"
+        )
     if claim is None:
         fail(
             f"no claim for job {job!r} key {key!r}: nothing released "
@@ -489,7 +529,7 @@ def release(
     if as_json:
         click.echo(render.dumps({"status": "released", **render.claim_dict(claim)}))
         return
-    click.echo(
+    render.echo(
         f"released {job} key {key} (was claimed by {claim.claimed_by} "
         f"at {render.iso(claim.claimed_at)})"
     )
@@ -514,7 +554,7 @@ def rename(obj: Context, old: str, new: str, force: bool) -> None:
     text_arg(old, "OLD")
     moved, left = obj.call(lambda app: app.rename(old, new, force=force))
     kept = f"; {left} left under {old} (NEW has those keys)" if left else ""
-    click.echo(f"renamed {old} to {new}: {moved} claims moved{kept}")
+    render.echo(f"renamed {old} to {new}: {moved} claims moved{kept}")
 
 
 @cli.command()
@@ -525,9 +565,9 @@ def migrate(obj: Context) -> None:
     applied = obj.call(lambda app: app.migrate())
     url = obj.app.store.display_url
     if applied:
-        click.echo(f"migrated {url} to version {applied[-1]} (applied {applied})")
+        render.echo(f"migrated {url} to version {applied[-1]} (applied {applied})")
     else:
-        click.echo(f"{url} is up to date")
+        render.echo(f"{url} is up to date")
 
 
 # Feature commands live in their own modules (cli/<feature>.py) and register here.

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from ..demo import leaderboard as lb
-from ..demo import replay
 from . import EXIT_JOB_FAILED, Context, handled, render
+
+if TYPE_CHECKING:
+    from ..demo import replay
 
 REPLICA = (sys.executable, "-m", "oncely.cli.demo_replica")
 """How a replica process of the demo starts (see cli/demo_replica.py)."""
@@ -22,11 +23,16 @@ finds it and skips; a rollback would have freed the slot for a clean retry."""
 
 
 def _members(values: dict[str, int], fmt: str) -> str:
+    from ..demo import leaderboard as lb
+
     return " ".join(fmt.format(values.get(m, 0)) for m in lb.TOP3)
 
 
 def table(report: replay.Report) -> str:
     """The before/after table: every number counted in the database."""
+    from ..demo import leaderboard as lb
+    from ..demo import replay
+
     rows = []
     for scenario in replay.SCENARIOS:
         t = report.tallies[scenario.name]
@@ -91,6 +97,10 @@ _SHORT = {
 @handled
 def demo(ctx: click.Context, demo_url: str | None, keep: bool, as_json: bool) -> None:
     """Replay the Friday 18:00 incident: 3 replica processes, one slot, three ways."""
+    import asyncio
+
+    from ..demo import replay
+
     obj: Context = ctx.obj
     url = demo_url
     parent = ctx.parent

@@ -13,15 +13,17 @@ import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..clock import utcnow
 from ..errors import BadInputError
-from ..export import crontab, eventbridge, kubernetes, systemd
-from ..export.base import Export, UnsupportedScheduleError, partition
-from ..registry import Job
 from . import Context, handled
+
+if TYPE_CHECKING:  # each target's module is imported by its command: `--help` needs none
+    from ..export.base import Export, UnsupportedScheduleError
+    from ..registry import Job
 
 _jobs_option = click.option(
     "--job",
@@ -75,6 +77,8 @@ def _exportable(
     obj: Context, names: Sequence[str], strict: bool, build: Callable[[Sequence[Job]], Export]
 ) -> Export:
     """Build the target's output for the jobs it can express; refuse or warn about the rest."""
+    from ..export.base import partition
+
     jobs = _jobs(obj, names)
     kept, refused = partition(jobs, build)
     if refused and (strict or not kept):
@@ -156,6 +160,8 @@ def export_eventbridge(
     max_event_age: int,
 ) -> None:
     """EventBridge Scheduler schedules that run `oncely run JOB --now <scheduled-time>` on ECS."""
+    from ..export import eventbridge
+
     target = eventbridge.EcsTarget(
         cluster=cluster,
         task_definition=task_definition,
@@ -200,6 +206,8 @@ def export_kubernetes(
     env_from_secret: str | None,
 ) -> None:
     """batch/v1 CronJobs whose pods run `oncely run JOB`."""
+    from ..export import kubernetes
+
     pod = kubernetes.PodSpec(
         image=image,
         namespace=namespace,
@@ -234,6 +242,8 @@ def export_crontab(
     working_directory: str | None,
 ) -> None:
     """A crontab with a CRON_TZ line per zone."""
+    from ..export import crontab
+
     program, where, now = executable or _program(), working_directory or os.getcwd(), utcnow()
 
     def build(jobs: Sequence[Job]) -> Export:
@@ -273,6 +283,8 @@ def export_systemd(
     output_dir: Path | None,
 ) -> None:
     """A .timer + .service pair per job (OnCalendar= in the job's zone, Persistent=true)."""
+    from ..export import systemd
+
     program, where, now = executable or _program(), working_directory or os.getcwd(), utcnow()
     unit = systemd.Unit(program, obj.app_spec, where, environment_file, user)
     result = _exportable(obj, job_names, strict, lambda jobs: systemd.export(jobs, unit, fmt, now))

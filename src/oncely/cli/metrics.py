@@ -8,11 +8,12 @@ thread for the life of the process.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .. import metrics
+if TYPE_CHECKING:  # imported when a server starts, not by every command's options
+    from .. import metrics
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +43,8 @@ def start_metrics(port: int | None, host: str) -> metrics.Server | None:
     """Serve /metrics if a port was given; None otherwise. Errors are ConfigErrors (exit 2)."""
     if port is None:
         return None
+    from .. import metrics
+
     server = metrics.serve(port, host)
     click.echo(f"serving metrics at {server.url}", err=True)
     return server

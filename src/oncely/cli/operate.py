@@ -7,17 +7,21 @@ backfill ran failed, 2 bad input or refused (nothing changed).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 
-from ..app import DEFAULT_MAX_SLOTS, Oncely
+from .. import config
 from ..model import RunResult, RunStatus
+
+if TYPE_CHECKING:
+    from ..app import Oncely
+
 from . import EXIT_JOB_FAILED, Context, handled, known_job, parse_time, render, text_arg
 
 ACTOR_HELP = "Who does this, for the audit trail (default: user@host)."
@@ -58,7 +62,7 @@ def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json
     if as_json:
         click.echo(render.dumps(render.pause_dict(done)))
         return
-    click.echo(f"paused {job} ({render.pause_text(done)})")
+    render.echo(f"paused {job} ({render.pause_text(done)})")
 
 
 @click.command()
@@ -76,7 +80,7 @@ def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_jso
     if as_json:
         click.echo(render.dumps(render.pause_dict(done)))
         return
-    click.echo(
+    render.echo(
         f"resumed {job} (paused {render.pause_text(done)}; resumed by {done.resumed_by} "
         f"at {render.iso(done.resumed_at)})"
     )
@@ -89,7 +93,7 @@ def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_jso
 @click.option("--apply", "apply", is_flag=True, help="Run the free slots (default: plan only).")
 @click.option(
     "--max-slots",
-    default=DEFAULT_MAX_SLOTS,
+    default=config.MAX_SLOTS,
     show_default=True,
     type=click.IntRange(1, 1_000_000),
     help="Refuse a range of more slots than this.",
@@ -138,19 +142,19 @@ def backfill(
         if as_json:
             click.echo(render.dumps([render.planned_dict(p) for p in plan]))
             return
-        click.echo(render.table(["SLOT", "KEY", "PLAN"], [render.planned_row(p) for p in plan]))
+        render.echo(render.table(["SLOT", "KEY", "PLAN"], [render.planned_row(p) for p in plan]))
         free = sum(1 for p in plan if p.action == "would run")
-        click.echo(f"{free} of {len(plan)} slots would run (nothing changed: --apply runs them)")
+        render.echo(f"{free} of {len(plan)} slots would run (nothing changed: --apply runs them)")
         ahead = sum(1 for p in plan if p.action == "not due")
         if ahead:
-            click.echo(f"{ahead} slots are not due yet: --apply refuses them (--allow-future)")
+            render.echo(f"{ahead} slots are not due yet: --apply refuses them (--allow-future)")
         return
     options = _Apply(max_slots, allow_future, reason, actor)
     results = _apply(obj, job, first, last, options, as_json)
     if as_json:
         click.echo(render.dumps([render.run_dict(r) for r in results]))
     elif not results:
-        click.echo(f"nothing to run: every slot of {job} in the range ran before (or runs now)")
+        render.echo(f"nothing to run: every slot of {job} in the range ran before (or runs now)")
     if any(r.status in _FAILED for r in results):
         sys.exit(EXIT_JOB_FAILED)
 
@@ -169,7 +173,9 @@ def _apply(
     def show(result: RunResult) -> None:
         if not as_json:
             failed = result.status in _FAILED
-            click.echo(render.run_line(result), err=failed)
+            render.echo(render.run_line(result), err=failed)
+
+    import asyncio
 
     async def go(app: Oncely) -> list[RunResult]:
         stop = asyncio.Event()
@@ -209,7 +215,7 @@ def explain(obj: Context, job: str, slot: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(render.dumps(render.explanation_dict(answer)))
         return
-    click.echo("\n".join(render.explanation_lines(answer)))
+    render.echo("\n".join(render.explanation_lines(answer)))
 
 
 @click.command()
@@ -238,7 +244,7 @@ def cancel(
         click.echo(render.dumps({"job": job, "status": "cancel requested", "attempts": asked}))
         return
     ids = ", ".join(str(i) for i in asked)
-    click.echo(f"cancel requested for {job} (attempt {ids}): it rolls back when it notices")
+    render.echo(f"cancel requested for {job} (attempt {ids}): it rolls back when it notices")
 
 
 @click.command()
@@ -257,4 +263,4 @@ def audit(obj: Context, job: str | None, limit: int, as_json: bool) -> None:
         click.echo(render.dumps([render.audit_dict(e) for e in entries]))
         return
     headers = ["AT", "ACTOR", "ACTION", "TARGET", "RESULT", "REASON"]
-    click.echo(render.table(headers, [render.audit_row(e) for e in entries]))
+    render.echo(render.table(headers, [render.audit_row(e) for e in entries]))

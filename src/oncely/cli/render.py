@@ -1,11 +1,16 @@
-"""How the CLI shows things: every line and table it prints is formatted here."""
+"""How the CLI shows things: every line and table it prints is formatted here, and
+printed by `echo` (text) or `dumps` (JSON), the one masking pass: no credential in an error
+text, a URL or a libpq DSN reaches the terminal in clear.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import click
 
 from ..masking import mask_secrets
 from ..model import (
@@ -21,10 +26,12 @@ from ..model import (
     TaskRecord,
     TaskState,
 )
-from ..registry import Job
-from ..retry import RetryPolicy
-from ..tasks import Task
-from ..waiting import Held, Waited
+
+if TYPE_CHECKING:  # imported for their types only: `oncely --help` imports none of them
+    from ..registry import Job
+    from ..retry import RetryPolicy
+    from ..tasks import Task
+    from ..waiting import Waited
 
 
 def iso(t: datetime | None) -> str:
@@ -105,9 +112,25 @@ def history_rows(claims: Sequence[Claim], jobs: Mapping[str, Job]) -> list[list[
     return rows
 
 
+def echo(text: str = "", *, err: bool = False) -> None:
+    """Print one text (stdout, or stderr with `err`), credentials masked."""
+    click.echo(mask_secrets(text), err=err)
+
+
+def masked(data: Any) -> Any:
+    """JSON-ready data with every string in it (keys too) credentials-masked."""
+    if isinstance(data, str):
+        return mask_secrets(data)
+    if isinstance(data, dict):
+        return {masked(k): masked(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [masked(v) for v in data]
+    return data
+
+
 def dumps(data: Any) -> str:
-    """One JSON document."""
-    return json.dumps(data, indent=2, ensure_ascii=False)
+    """One JSON document, every string in it credentials-masked."""
+    return json.dumps(masked(data), indent=2, ensure_ascii=False)
 
 
 def job_dict(
@@ -228,6 +251,7 @@ def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
     rows = []
     for r in records:
         error = "" if r.state is TaskState.SUCCEEDED else (r.error or "").split("\n", 1)[0]
+        error = mask_secrets(error)  # before the cut, which could leave half a URL
         when = r.finished_at if r.finished_at is not None else r.run_at
         rows.append(
             [
@@ -245,6 +269,8 @@ def task_rows(records: Sequence[TaskRecord]) -> list[list[str]]:
 
 def waited_line(busy: RunResult, waited: Waited) -> str:
     """The line `oncely run --wait` prints once the busy slot's holder is done (or not)."""
+    from ..waiting import Held
+
     head = f"{busy.job} slot {iso(busy.slot)} key {busy.key}"
     took = f"after waiting {waited.waited:.1f} s"
     if waited.held is Held.RAN and waited.claim is not None:

@@ -6,14 +6,16 @@ import json
 import re
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
-from ..masking import mask_secrets
 from ..model import TaskHistory, TaskRecord, TaskState
+
+if TYPE_CHECKING:
+    from ..app import Oncely
+
 from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -75,7 +77,7 @@ def enqueue(
 
     rec, landed = obj.call(go)
     if landed is None:
-        click.echo(
+        render.echo(
             f"error: outcome unknown: the connection was lost during COMMIT of {rec.task} "
             f"id {rec.id} and the task could not be read back; it may or may not be queued: "
             f"check `oncely tasks --task {rec.task}` before enqueueing it again "
@@ -89,12 +91,12 @@ def enqueue(
             "in the database: it rolled back, nothing was enqueued"
         )
     if rec.duplicate:
-        click.echo(
+        render.echo(
             f"duplicate {rec.task} id {rec.id}: idempotency key {rec.idempotency_key!r} "
             f"exists ({rec.state.value}); nothing enqueued"
         )
     else:
-        click.echo(f"enqueued {rec.task} id {rec.id} queue {rec.queue}")
+        render.echo(f"enqueued {rec.task} id {rec.id} queue {rec.queue}")
 
 
 @click.group(invoke_without_command=True)
@@ -128,10 +130,10 @@ def _list(
         click.echo(render.dumps([render.task_dict(r) for r in records]))
     else:
         headers = ["ID", "TASK", "STATE", "ATTEMPT", "RUN AT / FINISHED", "KEY", "LAST ERROR"]
-        click.echo(render.table(headers, render.task_rows(records)))
+        render.echo(render.table(headers, render.task_rows(records)))
     for name, waiting in sorted(stranded.items()):
         if task_name is None or name == task_name:
-            click.echo(
+            render.echo(
                 f"note: {waiting} available {name!r} task(s) wait, and no live worker leases "
                 f"{name!r} (no running worker registers it: a deploy not finished, or a "
                 "worker of another app)",
@@ -155,7 +157,7 @@ def retry_cmd(obj: Context, task_id: int, actor: str | None, as_json: bool) -> N
     if as_json:
         click.echo(render.dumps(render.task_dict(rec)))
         return
-    click.echo(f"retrying {rec.task} id {rec.id}: available now")
+    render.echo(f"retrying {rec.task} id {rec.id}: available now")
 
 
 @tasks.command("show")
@@ -177,9 +179,9 @@ def show_cmd(obj: Context, task_id: int, as_json: bool) -> None:
         data["attempt_errors_more"] = history.more
         click.echo(render.dumps(data))
         return
-    click.echo(mask_secrets(render.task_detail(rec)))
+    render.echo(render.task_detail(rec))
     for line in render.history_lines(history):
-        click.echo(line)
+        render.echo(line)
 
 
 @tasks.command("discard")
@@ -195,7 +197,7 @@ def discard_cmd(obj: Context, task_id: int, actor: str | None, as_json: bool) ->
     if as_json:
         click.echo(render.dumps(render.task_dict(rec)))
         return
-    click.echo(f"discarded {rec.task} id {rec.id}")
+    render.echo(f"discarded {rec.task} id {rec.id}")
 
 
 @tasks.command("cancel")
@@ -218,9 +220,9 @@ def cancel_cmd(
         click.echo(render.dumps({"id": task_id, "status": status, "task": task}))
         return
     if rec is not None:
-        click.echo(f"discarded {rec.task} id {rec.id}: it had not started")
+        render.echo(f"discarded {rec.task} id {rec.id}: it had not started")
     else:
-        click.echo(f"cancel requested for task {task_id}: it is running; its worker stops it")
+        render.echo(f"cancel requested for task {task_id}: it is running; its worker stops it")
 
 
 @tasks.command("explain")
@@ -235,13 +237,13 @@ def explain_cmd(obj: Context, task_id: int, as_json: bool) -> None:
         data = {"answer": answer, "sentence": sentence, "task": render.task_dict(rec)}
         click.echo(render.dumps(data))
         return
-    click.echo(sentence)
-    click.echo(f"  answer: {answer}")
+    render.echo(sentence)
+    render.echo(f"  answer: {answer}")
     for name, value in render.task_dict(rec).items():
         if value is not None and name != "error":
-            click.echo(f"  {name}: {value}")
+            render.echo(f"  {name}: {value}")
     if rec.error:
-        click.echo("  error: " + rec.error.split("\n", 1)[0])
+        render.echo("  error: " + rec.error.split("\n", 1)[0])
 
 
 @click.command()
@@ -268,7 +270,7 @@ def prune(obj: Context, older_than: str, actor: str | None, as_json: bool) -> No
     if as_json:
         click.echo(render.dumps(counts))
         return
-    click.echo(
+    render.echo(
         f"pruned {counts['tasks']} finished tasks and {counts['claims']} claims older than "
         f"{older_than} (and {counts['attempts']} attempt records)"
     )

@@ -96,6 +96,6 @@ def verify(
     if as_json:
         click.echo(render.dumps(verdict.as_json()))
     else:
-        click.echo("\n".join(verdict_lines(verdict, every_slot)))
+        render.echo("\n".join(verdict_lines(verdict, every_slot)))
     if not verdict.ok:
         sys.exit(EXIT_JOB_FAILED)

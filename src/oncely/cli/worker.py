@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
 from .. import config
@@ -80,22 +78,17 @@ def worker(
     if names is not None:
         for name in names:
             obj.app.registry.job(name)  # unknown job: exit 2 before touching the database
-    app = obj.app
     start_metrics(metrics_port, metrics_host)
 
-    async def go() -> None:
-        try:
-            await app.work(
-                jobs=names,
-                shutdown_timeout=shutdown_timeout,
-                startup_wait=startup_wait,
-                handle_signals=True,
-                concurrency=concurrency,
-                pool_size=pool_size,
-                lease=lease,
-                queues=_job_list(queues),
-            )
-        finally:
-            await app.aclose()
-
-    asyncio.run(go())
+    obj.call(
+        lambda app: app.work(
+            jobs=names,
+            shutdown_timeout=shutdown_timeout,
+            startup_wait=startup_wait,
+            handle_signals=True,
+            concurrency=concurrency,
+            pool_size=pool_size,
+            lease=lease,
+            queues=_job_list(queues),
+        )
+    )

@@ -184,6 +184,23 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
 
 LATEST = MIGRATIONS[-1][0]
 
+BREAKING_STEP = 100
+"""The rule that lets a release run on a newer schema (an upgrade's rollout, a process of the
+previous release restarting after `oncely migrate`): every migration after 13 is additive —
+new tables, nullable or defaulted columns, indexes, functions; no column, index, value or
+meaning that an older release's statements rely on is taken away or changed — unless it is
+listed in BREAKING, and a breaking migration takes the next multiple of BREAKING_STEP as its
+number. So a release runs on any schema up to the version before that multiple
+(COMPATIBLE_UP_TO), and refuses one from a breaking migration on."""
+
+BREAKING: frozenset[int] = frozenset({3})
+"""The migrations an older release cannot run on (3: an older enqueue names the idempotency
+index that 3 drops). From 14 on, each is a multiple of BREAKING_STEP."""
+
+COMPATIBLE_UP_TO = (LATEST // BREAKING_STEP + 1) * BREAKING_STEP - 1
+"""The newest schema this release runs on: LATEST, and the additive migrations that later
+releases may add before the next breaking one."""
+
 CONTROL = 6
 """The schema version that holds the control plane's tables (pause, attempts, audit, cancel):
 on an older database the worker and `oncely run` work as before, without pauses or attempt
@@ -212,14 +229,15 @@ oncely runs on v9: its statements leave the new columns at their defaults)."""
 def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> list[int]:
     """Apply the migrations the database lacks, in the connection's open transaction (which
     the caller commits); the versions applied. `too_new(version)` is raised for a schema
-    newer than LATEST. `oncely migrate` and the Django app's migration both run this."""
+    newer than COMPATIBLE_UP_TO; a newer schema up to it needs nothing (a later release's
+    additive migrations). `oncely migrate` and the Django app's migration both run this."""
     dialect = dialect_for(conn.dialect.name)
     lock = dialect.migration_lock()
     if lock is not None:
         conn.execute(*lock)
     schema_versions.create(conn, checkfirst=True)
     current = conn.execute(sql.schema_version()).scalar() or 0
-    if current > LATEST:
+    if current > COMPATIBLE_UP_TO:
         raise too_new(current)
     applied: list[int] = []
     for version, _what, step in MIGRATIONS:

@@ -45,6 +45,7 @@ from .dialects import dialect_for
 from .held import HeldConnections
 from .migrations import (
     ACK_FUNCTION,
+    COMPATIBLE_UP_TO,
     CONTROL,
     DUPLICATES,
     JOBS,
@@ -285,7 +286,7 @@ class Store:
             async with self.engine.begin() as conn:
                 applied = await conn.run_sync(apply_migrations, self._too_new)
         self._schema_checked = True
-        self._version = LATEST  # apply_migrations refused a newer schema
+        self._version = LATEST  # or newer and compatible: LATEST's features are all there
         return applied
 
     async def schema_version(self) -> int | None:
@@ -301,14 +302,15 @@ class Store:
 
     def _too_new(self, version: int) -> SchemaTooNewError:
         return SchemaTooNewError(
-            f"oncely's tables in {self.display_url} are at schema version {version}, newer "
-            f"than this oncely knows (up to {LATEST}): upgrade oncely to the release that "
-            "migrated them"
+            f"oncely's tables in {self.display_url} are at schema version {version}, from a "
+            f"breaking migration this oncely cannot run on (it knows {LATEST} and runs on up "
+            f"to {COMPATIBLE_UP_TO}): upgrade oncely to the release that migrated them"
         )
 
     async def ensure_schema(self, *, writes: bool = False) -> None:
         """Raise SchemaMissingError unless the database is at a version this oncely runs on
-        (`migrations.REQUIRED` up to `LATEST`; checked once); SchemaTooNewError if newer.
+        (`migrations.REQUIRED` up to `COMPATIBLE_UP_TO`: a later release's additive
+        migrations; checked once); SchemaTooNewError if newer.
 
         With `writes` (a worker starting), also DatabaseReadOnlyError if the database cannot
         be written: waiting would not help, unlike an outage.
@@ -329,10 +331,10 @@ class Store:
                 f"oncely's tables in {self.display_url} are at version {version}, this oncely "
                 f"needs {LATEST}: run `oncely migrate`"
             )
-        if version > LATEST:
+        if version > COMPATIBLE_UP_TO:
             raise self._too_new(version)
         self._schema_checked = True
-        self._version = version
+        self._version = min(version, LATEST)
 
     # -- one attempt --------------------------------------------------------------------
 
