@@ -109,15 +109,18 @@ class Oncely:
         grace: timedelta | None = None,
         overlap: str = "skip",
         timeout: timedelta | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Register `f(db, now)` to run once per slot of `schedule`.
 
         `db` is an AsyncSession (a Session for a plain `def`) in an open transaction that
         also holds the slot's claim; `now` is the slot's nominal time in the schedule's zone.
-        The job never commits: returning commits, raising rolls back and frees the slot.
-        `catch_up`, `grace` and `overlap` tell the worker what to do with missed and
-        overlapping slots (see docs/worker.md). An attempt running longer than `timeout` is
-        cancelled and rolled back: its slot stays free (see docs/operate.md).
+        The job never commits: returning commits; raising rolls its work back and records
+        the slot as given up, unless `retry` (a RetryPolicy, its attempts counted across the
+        fleet) runs it again later. `catch_up`, `grace` and `overlap` tell the worker what to
+        do with missed and overlapping slots (see docs/worker.md). An attempt running longer
+        than `timeout` is cancelled and rolled back, and given up as a failure is (see
+        docs/operate.md).
         """
 
         def register(func: F) -> F:
@@ -130,6 +133,7 @@ class Oncely:
                 grace=grace,
                 overlap=overlap,
                 timeout=timeout,
+                retry=retry,
             )
             return func
 
@@ -363,19 +367,37 @@ class Oncely:
         reason: str | None = None,
     ) -> Claim | None:
         """Delete one claim so its slot can run again (logged, audited); the claim deleted, or
-        None. Refused (BadInputError) while an attempt at the slot runs, unless `force`."""
+        None. Refused (BadInputError) while an attempt at the slot runs, unless `force`.
+        A slot whose attempt was given up is freed too (see `release_slot`)."""
+        claim, _ = await self.release_slot(job, key, force=force, actor=actor, reason=reason)
+        return claim
+
+    async def release_slot(
+        self,
+        job: str,
+        key: str,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[Claim | None, bool]:
+        """`release`, saying also whether the slot had been given up (a failed, timed-out or
+        cancelled attempt's final record): (the claim deleted, whether a given-up mark was
+        cleared). Either way the slot can run again."""
         action = self._action("release", job, f"{job} {key}", actor, reason)
-        claim = await self.store.control.release(action, job, key, force=force)
-        if claim is not None:
+        claim, given_up = await self.store.control.release(action, job, key, force=force)
+        if claim is not None or given_up:
             events.emit(
                 "run.released",
-                "claim deleted by hand; the slot can run again",
+                "claim deleted by hand; the slot can run again"
+                if claim is not None
+                else "given-up slot freed by hand; the slot can run again",
                 level=logging.WARNING,
                 job=job,
                 key=key,
-                claimed_by=claim.claimed_by,
+                claimed_by=claim.claimed_by if claim is not None else None,
             )
-        return claim
+        return claim, given_up
 
     # -- the task queue's operations ----------------------------------------------------
 

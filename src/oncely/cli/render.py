@@ -62,7 +62,23 @@ def run_line(result: RunResult) -> str:
             f"and the claim could not be read back: it may or may not have committed; see "
             f"`oncely history {result.job}` (running it again is safe: a landed claim skips)"
         )
-    return f"{head}: {type(error).__name__}: {error}; rolled back; the slot is free"
+    if result.status is RunStatus.GIVEN_UP:
+        return (
+            f"{head}: an earlier attempt failed, timed out or was cancelled and is not "
+            f"retried; not started (`oncely release {result.job} {result.key}` frees it)"
+        )
+    if result.status is RunStatus.RETRY_WAIT:
+        return f"{head}: an earlier attempt failed; the job's retry policy runs it later"
+    return f"{head}: {type(error).__name__}: {error}; rolled back; {fate(result)}"
+
+
+def fate(result: RunResult) -> str:
+    """What a failed attempt left its slot as: retried later, given up, or free."""
+    if result.retry_at is not None:
+        return f"retried at {iso(result.retry_at)} (the job's retry policy)"
+    if result.given_up:
+        return f"given up (`oncely release {result.job} {result.key}` frees it)"
+    return "the slot is free"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -303,6 +319,8 @@ def run_dict(result: RunResult) -> dict[str, Any]:
         "claimed_at": result.claim.claimed_at.isoformat() if result.claim else None,
         "error": f"{type(error).__name__}: {error}" if error is not None else None,
         "paused": pause_dict(pause) if pause is not None else None,
+        "given_up": result.given_up,
+        "retry_at": result.retry_at.isoformat() if result.retry_at else None,
     }
 
 

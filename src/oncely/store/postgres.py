@@ -30,7 +30,14 @@ from sqlalchemy.util import await_only
 from ..errors import BadInputError, ConfigError, DatabaseError, SchemaMissingError
 from ..locks import job_lock_key, slot_lock_key
 from . import sql
-from .dialect import MISSING_TABLES, ClaimOutcome, ClaimRequest, Dialect
+from .dialect import (
+    MISSING_TABLES,
+    ClaimOutcome,
+    ClaimRequest,
+    Dialect,
+    checked_plan,
+    marks_verdict,
+)
 from .plan import Plan, Step, run_async
 from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
@@ -157,6 +164,22 @@ DRIVER_FINISH_AND_COMMIT = (
     "UPDATE oncely_runs SET finished_at = clock_timestamp() "
     "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key'); "
     "COMMIT"
+)
+# Once the slot is locked and claimed (the statement above): refuse it if an attempt gave it
+# up or its retry is not due (a division by zero stops the message before the SAVEPOINT), else
+# take the savepoint a failed attempt rolls back to. A statement of its own, after the lock's:
+# its snapshot sees the fate that the lock's previous holder committed as it let go.
+DRIVER_CHECK_AND_SAVEPOINT = (
+    "SELECT 1 / (1 - count(*)) FROM (SELECT 1 FROM oncely_attempts "
+    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key') "
+    "AND (final OR retry_at IS NOT NULL) AND (final OR retry_at > clock_timestamp()) "
+    "LIMIT 1) AS refused; SAVEPOINT oncely_attempt"
+)
+# Why the check above refused a slot (read after the rollback, the rare path).
+DRIVER_MARKS = (
+    "SELECT bool_or(final) AS final, max(retry_at) AS retry_at, count(*) AS tries, "
+    "clock_timestamp() AS now FROM oncely_attempts "
+    "WHERE job = $1 AND key = $2 AND (final OR retry_at IS NOT NULL)"
 )
 DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE job = $1 AND key = $2"
 DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
@@ -305,6 +328,19 @@ def _driver(conn: AsyncConnection) -> Any:
     return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
 
 
+async def _checked_on_driver(driver: Any, job: str, key: str) -> ClaimOutcome:
+    """The claimed slot's check and savepoint (DRIVER_CHECK_AND_SAVEPOINT); refused, the
+    transaction is rolled back and the slot's marks say why (BUSY if they no longer refuse:
+    a retry came due meanwhile, the worker tries again soon)."""
+    try:
+        await driver.execute(DRIVER_CHECK_AND_SAVEPOINT)
+    except asyncpg.DivisionByZeroError:
+        await driver.execute("ROLLBACK")
+        row = await driver.fetchrow(DRIVER_MARKS, job, key)
+        return marks_verdict(SimpleNamespace(**dict(row))) or ClaimOutcome.BUSY
+    return ClaimOutcome.CLAIMED
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
 
@@ -369,7 +405,9 @@ class PostgresDialect(Dialect):
             # Another slot of the job is running; unless this slot ran before, that overlaps.
             taken = (yield sql.get_claim(job, key), None).first() is not None
             return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
-        return ClaimOutcome.CLAIMED if row.claimed else ClaimOutcome.TAKEN
+        if not row.claimed:
+            return ClaimOutcome.TAKEN
+        return (yield from checked_plan(job, key, self.now()))
 
     async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
         driver = attempt_driver(session)
@@ -398,7 +436,9 @@ class PostgresDialect(Dialect):
             # Another slot of the job is running; unless this slot ran before, that overlaps.
             taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
             return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
-        return ClaimOutcome.CLAIMED if row["claimed"] else ClaimOutcome.TAKEN
+        if not row["claimed"]:
+            return ClaimOutcome.TAKEN
+        return await _checked_on_driver(driver, job, key)
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         if engine.dialect.driver != "asyncpg":

@@ -40,7 +40,7 @@ from ..masking import mask_url
 from ..model import Claim, TaskRecord
 from . import control, sql, task_store, tasks_sql, views
 from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
-from .dialect import ClaimOutcome, ClaimRequest
+from .dialect import ClaimOutcome, ClaimRequest, Dialect
 from .dialects import dialect_for
 from .held import HeldConnections
 from .migrations import (
@@ -49,11 +49,12 @@ from .migrations import (
     DUPLICATES,
     LATEST,
     REQUIRED,
+    SLOT_FATE,
     TASK_ERRORS,
     apply_migrations,
 )
 from .outcome import task_landed
-from .plan import run, run_async
+from .plan import Plan, run, run_async
 from .session import (
     AttemptSession,
     attempt_driver,
@@ -177,6 +178,11 @@ class Store:
     def has_ack_function(self) -> bool:
         """Whether the database has the task ack's function (schema 13, Postgres)."""
         return self._version is not None and self._version >= ACK_FUNCTION
+
+    @property
+    def has_slot_fate(self) -> bool:
+        """Whether a failed attempt's fate is recorded in its own transaction (schema 14)."""
+        return self._version is not None and self._version >= SLOT_FATE
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool
@@ -406,6 +412,27 @@ class Store:
             hand_back(session.sync_session)
             await self.dialect.commit_attempt(driver, job, key, claimed_here(session, job, key))
 
+    async def give_up(
+        self,
+        session: AsyncSession,
+        job: str,
+        key: str,
+        record: Callable[[int, datetime], tuple[Any, Any]],
+    ) -> None:
+        """End a failed attempt in its own transaction while it still holds the slot: roll
+        its work back to the savepoint taken after the claim, drop its claim, write its end
+        row (`record(tries, now)`: the statement, given how many marked attempts the slot had
+        and database now) and commit, so no replica slips in between."""
+        driver = attempt_driver(session)
+        hand_back(session.sync_session)
+        session.sync_session.expunge_all()  # the job's pending objects are not to be flushed
+        with self.translate():
+            await run_async(session, _fate_plan(self.dialect, job, key, record))
+            if driver is None:
+                await session.commit()
+            else:
+                await driver.execute("COMMIT")
+
     async def abandon(self, session: AsyncSession) -> None:
         """Roll the attempt back (claim included); a dead connection is already rolled back."""
         hand_back(session.sync_session)
@@ -633,6 +660,15 @@ class Store:
                 rows = list((await conn.execute(stmt)).all())
                 await conn.rollback()
         return rows
+
+
+def _fate_plan(
+    dialect: Dialect, job: str, key: str, record: Callable[[int, datetime], tuple[Any, Any]]
+) -> Plan[None]:
+    yield sql.ROLLBACK_TO_SAVEPOINT, None
+    yield sql.unclaim(job, key), None
+    marks = (yield sql.slot_marks(job, key, dialect.now()), None).one()
+    yield record(int(marks.tries), marks.now)
 
 
 def _driver_message(exc: BaseException) -> str:

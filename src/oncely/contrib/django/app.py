@@ -38,6 +38,8 @@ _NOT_CLAIMED = {
     ClaimOutcome.BUSY: RunStatus.BUSY,
     ClaimOutcome.OVERLAP: RunStatus.OVERLAP,
     ClaimOutcome.TAKEN: RunStatus.SKIPPED,
+    ClaimOutcome.GIVEN_UP: RunStatus.GIVEN_UP,
+    ClaimOutcome.RETRY_WAIT: RunStatus.RETRY_WAIT,
 }
 
 
