@@ -20,6 +20,7 @@ from .errors import BadInputError, ConfigError, ResultTimeoutError, TaskFailedEr
 from .explain import explain_slot, explain_task
 from .identity import default_actor, replica_id
 from .model import (
+    Attempt,
     AuditEntry,
     Claim,
     Explanation,
@@ -34,7 +35,7 @@ from .model import (
 )
 from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
-from .runner import run_slot
+from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule
 from .store import Store
 from .store.control import Action
@@ -52,6 +53,9 @@ DEFAULT_MAX_SLOTS = 1000
 BACKFILL_PATIENCE = 60.0
 """Seconds a backfill keeps trying a slot that is busy (or waits for another slot of its job,
 overlap="skip") before it reports it as such and moves on."""
+CANCEL_RECORD_WAIT = LISTEN_AFTER + 2.0
+"""Seconds `cancel` waits for the start record of an attempt that holds its lock but has not
+recorded its start yet (it does so once it has run `runner.LISTEN_AFTER`)."""
 DEFAULT_LEASE = config.LEASE
 """Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
@@ -625,7 +629,8 @@ class Oncely:
         reason: str | None = None,
     ) -> list[int]:
         """Stop the running attempt of `job` (at `slot`, else any), in whatever process runs
-        it: it notices within seconds, rolls back and frees the slot (outcome `cancelled`).
+        it: it notices within seconds, rolls back and gives the slot up (outcome `cancelled`,
+        final: `release` frees it). An attempt in its first second is waited for.
         The ids of the attempts asked; BadInputError if none is running (nothing written)."""
         definition = self.registry.job(job)
         key = self.slot(job, slot).key if slot is not None else None
@@ -636,7 +641,7 @@ class Oncely:
                 "SIGTERM rolls the attempt back; a job's timeout= works on SQLite too)"
             )
         await self.store.ensure_schema()
-        running = await self.store.control.running(definition.name, key)
+        running = await self._running_soon(definition, key)
         if not running:
             where = f" at slot {slot.isoformat()}" if slot is not None else ""
             raise BadInputError(
@@ -650,6 +655,35 @@ class Oncely:
                 f"the attempt of {definition.name!r} ended meanwhile: nothing to cancel"
             )
         return asked
+
+    async def _running_soon(self, job: Job, key: str | None) -> list[Attempt]:
+        """The running attempts of a job (at one slot); an attempt records its start only
+        after it has run `runner.LISTEN_AFTER`, so while the job's or a recent slot's lock is
+        held with no record yet, the record is waited for (at most CANCEL_RECORD_WAIT)."""
+        control = self.store.control
+        running = await control.running(job.name, key)
+        if running:
+            return running
+        keys = [key] if key is not None else self._recent_keys(job)
+        if not await control.held(job.name, keys):
+            return []
+        deadline = time.monotonic() + CANCEL_RECORD_WAIT
+        while not running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            running = await control.running(job.name, key)
+        return running
+
+    def _recent_keys(self, job: Job, n: int = 3) -> list[str]:
+        """The keys of the job's latest `n` slots due now (what a running attempt may hold)."""
+        keys: list[str] = []
+        at: datetime | None = clock.utcnow()
+        while at is not None and len(keys) < n:
+            slot = job.schedule.latest_at_or_before(at)
+            if slot is None:
+                break
+            keys.append(job.key_for(slot))
+            at = slot - timedelta(microseconds=1)
+        return keys
 
     async def cancel_task(
         self, task_id: int, *, actor: str | None = None, reason: str | None = None

@@ -396,6 +396,19 @@ class Control:
         rows = await self.store._read(sql.running_attempts(job, key))
         return [_attempt(row, True) for row in rows if await self._holding(row)]
 
+    async def held(self, job: str, keys: Sequence[str]) -> bool:
+        """Whether an attempt of the job holds its job lock or one of these slots' locks right
+        now (Postgres; read from pg_locks): one whose start is not recorded yet may run."""
+        if not self.dialect.slot_locks:
+            return False
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                held = await self.dialect.job_held(conn, job)
+                for key in keys:
+                    held = held or await self.dialect.slot_held(conn, job, key)
+                await conn.rollback()
+        return held
+
     async def _holding(self, row: Any) -> bool:
         """Whether the attempt of a record with no outcome still runs: its slot's lock is held
         (Postgres, read from pg_locks), or its process lives (SQLite, on this host)."""

@@ -310,6 +310,11 @@ class Dialect(abc.ABC):
         probe that took it would make a concurrent attempt at the slot answer busy)."""
         return False
 
+    async def job_held(self, conn: AsyncConnection, job: str) -> bool:
+        """Whether an exclusive attempt (`overlap="skip"`) of the job holds the job's lock
+        right now, read without taking it."""
+        return False
+
     async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
         """In the open transaction: wake the process running this attempt once it commits
         (a cancel request); without notifications it finds the request by polling."""

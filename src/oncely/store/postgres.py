@@ -650,6 +650,11 @@ class PostgresDialect(Dialect):
         row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
         return row.first() is not None
 
+    async def job_held(self, conn: AsyncConnection, job: str) -> bool:
+        hi, lo = job_lock_key(job)
+        row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
+        return row.first() is not None
+
     async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
         await conn.execute(
             sa.text("SELECT pg_notify(:channel, :payload)"),
@@ -892,7 +897,8 @@ SLOT_HELD = sa.text(
     " AND classid::bigint = :hi AND objid::bigint = :lo AND database = ("
     "SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-"""Whether some session holds a slot's advisory lock (read from pg_locks, not taken)."""
+"""Whether some session holds a slot's (or a job's) advisory lock (read from pg_locks, not
+taken)."""
 
 CANCEL_CHANNEL = "oncely_cancel"
 """The channel a cancel request wakes the process running the attempt on (payload: its id)."""
