@@ -454,7 +454,8 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
     if error is None or not store.is_unavailable(error):
         return outcome
     # Lost during COMMIT, maybe after it landed: the ledger says which.
-    landed = await claim_landed(store, request.job, request.key, request.claimed_by)
+    xid = store.attempt_xact(session)
+    landed = await claim_landed(store, request.job, request.key, request.claimed_by, xid)
     if landed is None:
         return Outcome(RunStatus.UNKNOWN, Stage.READ_BACK, error=error)
     if landed:

@@ -310,6 +310,16 @@ class Dialect(abc.ABC):
         probe that took it would make a concurrent attempt at the slot answer busy)."""
         return False
 
+    async def xact_id(self, conn: Any) -> int | None:
+        """The id of the transaction open on `conn` (an AsyncConnection or AsyncSession), by
+        which a lost COMMIT's fate can be asked (`xact_status`); None where there is none."""
+        return None
+
+    async def xact_status(self, conn: AsyncConnection, xid: int) -> str | None:
+        """What became of transaction `xid`: "committed", "aborted", "in progress", or None
+        (unknown, or a database that cannot tell)."""
+        return None
+
     async def job_held(self, conn: AsyncConnection, job: str) -> bool:
         """Whether an exclusive attempt (`overlap="skip"`) of the job holds the job's lock
         right now, read without taking it."""

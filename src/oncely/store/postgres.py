@@ -154,6 +154,7 @@ DRIVER_LOCK_AND_CLAIM = """
     )
     SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
            (SELECT count(*) FROM ins) AS claimed,
+           CASE WHEN (SELECT count(*) FROM ins) > 0 THEN txid_current() END AS xid,
            set_config('oncely.job', $6::varchar, true) AS claimed_job,
            set_config('oncely.key', $7::varchar, true) AS claimed_key
 """
@@ -429,7 +430,7 @@ class PostgresDialect(Dialect):
             request.claimed_by,
         )
         if row["claimed"]:
-            mark_claimed(session, job, key)
+            mark_claimed(session, job, key, row["xid"])
         if not row["got"]:
             return ClaimOutcome.BUSY
         if not row["job_free"]:
@@ -649,6 +650,13 @@ class PostgresDialect(Dialect):
         # The two-int form's lock shows in pg_locks as classid, objid (unsigned) and objsubid 2.
         row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
         return row.first() is not None
+
+    async def xact_id(self, conn: Any) -> int | None:
+        return int((await conn.execute(XACT_ID)).scalar_one())
+
+    async def xact_status(self, conn: AsyncConnection, xid: int) -> str | None:
+        status = (await conn.execute(XACT_STATUS, {"xid": xid})).scalar()
+        return None if status is None else str(status)
 
     async def job_held(self, conn: AsyncConnection, job: str) -> bool:
         hi, lo = job_lock_key(job)
@@ -899,6 +907,12 @@ SLOT_HELD = sa.text(
 )
 """Whether some session holds a slot's (or a job's) advisory lock (read from pg_locks, not
 taken)."""
+
+XACT_ID = sa.text("SELECT txid_current()")
+"""The open transaction's id: what a lost COMMIT's fate is asked by (see XACT_STATUS)."""
+XACT_STATUS = sa.text("SELECT txid_status(:xid)")
+"""What became of a transaction by its id: committed, aborted, in progress (NULL: too old
+to tell)."""
 
 CANCEL_CHANNEL = "oncely_cancel"
 """The channel a cancel request wakes the process running the attempt on (payload: its id)."""

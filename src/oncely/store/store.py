@@ -58,6 +58,7 @@ from .plan import Plan, run, run_async
 from .session import (
     AttemptSession,
     attempt_driver,
+    attempt_xact,
     claimed_here,
     end,
     hand_back,
@@ -433,6 +434,11 @@ class Store:
             else:
                 await driver.execute("COMMIT")
 
+    def attempt_xact(self, session: AsyncSession) -> int | None:
+        """The id of an attempt's transaction, read with its claim (Postgres, on the driver):
+        what a lost COMMIT's fate is asked by; None where it was not read."""
+        return attempt_xact(session)
+
     async def abandon(self, session: AsyncSession) -> None:
         """Roll the attempt back (claim included); a dead connection is already rolled back."""
         hand_back(session.sync_session)
@@ -575,6 +581,9 @@ class Store:
             with self.translate():
                 await db.begin()
                 records = await task_store.enqueue(db, entries)
+                # What a lost COMMIT's fate is asked by (Postgres; one more round trip on
+                # this path of producers without a transaction of their own).
+                xid = await self.dialect.xact_id(db)
             try:
                 with self.translate():
                     await db.commit()
@@ -582,7 +591,7 @@ class Store:
                 new = [rec for rec in records if not rec.duplicate]
                 if not new:
                     raise  # nothing was inserted: a lost COMMIT changed nothing
-                return records, await task_landed(self, new[0].id)
+                return records, await task_landed(self, new[0].id, xid)
         return records, True
 
     @contextlib.asynccontextmanager
