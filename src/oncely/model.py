@@ -211,6 +211,11 @@ class Attempt:
     cancel_requested_by: str | None = None
     alive: bool = False
     """For an attempt with no outcome: whether its holder is still running it."""
+    final: bool = False
+    """It failed, timed out or was cancelled and gave its slot up: no replica starts the slot
+    again until `oncely release` (which clears this)."""
+    retry_at: datetime | None = None
+    """It failed and the job's retry policy runs the slot again at this time."""
 
 
 @dataclass(frozen=True)

@@ -382,6 +382,8 @@ def attempt_dict(a: Attempt) -> dict[str, Any]:
         "error_class": a.error_class,
         "error": a.error,
         "cancel_requested_by": a.cancel_requested_by,
+        "given_up": a.final,
+        "retry_at": a.retry_at.isoformat() if a.retry_at else None,
     }
 
 

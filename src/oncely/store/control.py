@@ -100,6 +100,8 @@ def _attempt(row: Any, alive: bool = False) -> Attempt:
         cancel_requested_at=row.cancel_requested_at,
         cancel_requested_by=row.cancel_requested_by,
         alive=alive,
+        final=bool(row.final),
+        retry_at=row.retry_at,
     )
 
 
