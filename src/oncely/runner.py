@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict
@@ -401,20 +401,38 @@ async def _settle(
     if not record.recordable_in_transaction:
         await store.abandon(session)
         return outcome
-    decided: dict[str, Any] = {}
-
-    def write(tries: int, now: datetime) -> tuple[Any, Any]:
-        retry_at = _retry_at(job, outcome, tries + 1, now)
-        decided["retry_at"] = retry_at
-        return record.fate(outcome, final=retry_at is None, retry_at=retry_at)
-
+    write, decided = fate_writer(job, outcome, record.fate)
     try:
         await store.give_up(session, record.request.job, record.request.key, write)
     except Exception:  # rolled back whole: the slot is free, the end recorded outside
         await store.abandon(session)
         return outcome
-    retry_at = decided.get("retry_at")
-    return dataclasses.replace(outcome, final=retry_at is None, retry_at=retry_at)
+    return decided(outcome)
+
+
+Fate = Callable[..., tuple[Any, Any]]
+"""`fate(outcome, final=…, retry_at=…)`: the statement of a failed attempt's end row."""
+
+
+def fate_writer(
+    job: Job, outcome: Outcome, fate: Fate
+) -> tuple[Callable[[int, datetime], tuple[Any, Any]], Callable[[Outcome], Outcome]]:
+    """For a failed attempt's end written in its own transaction: the `record(tries, now)`
+    that `Store.give_up` (or `borrowed.give_up`) calls, which decides given up or retried
+    (the job's retry policy, its attempts counted from the slot's recorded ones), and a
+    function that marks the outcome with what was decided, once it committed."""
+    decided: dict[str, Any] = {}
+
+    def write(tries: int, now: datetime) -> tuple[Any, Any]:
+        retry_at = _retry_at(job, outcome, tries + 1, now)
+        decided["retry_at"] = retry_at
+        return fate(outcome, final=retry_at is None, retry_at=retry_at)
+
+    def marked(out: Outcome) -> Outcome:
+        retry_at = decided.get("retry_at")
+        return dataclasses.replace(out, final=retry_at is None, retry_at=retry_at)
+
+    return write, marked
 
 
 def _retry_at(job: Job, outcome: Outcome, attempt: int, now: datetime) -> datetime | None:

@@ -39,8 +39,8 @@ from ..errors import (
 from ..masking import mask_url
 from ..model import Claim, TaskRecord
 from . import control, sql, task_store, tasks_sql, views
-from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
-from .dialect import ClaimOutcome, ClaimRequest, Dialect
+from .claims import claim_from_row, claim_in_plan, claim_plan, fate_plan, finish_plan
+from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
 from .migrations import (
@@ -54,7 +54,7 @@ from .migrations import (
     apply_migrations,
 )
 from .outcome import task_landed
-from .plan import Plan, run, run_async
+from .plan import run, run_async
 from .session import (
     AttemptSession,
     attempt_driver,
@@ -428,7 +428,7 @@ class Store:
         hand_back(session.sync_session)
         session.sync_session.expunge_all()  # the job's pending objects are not to be flushed
         with self.translate():
-            await run_async(session, _fate_plan(self.dialect, job, key, record))
+            await run_async(session, fate_plan(self.dialect, job, key, record))
             if driver is None:
                 await session.commit()
             else:
@@ -669,15 +669,6 @@ class Store:
                 rows = list((await conn.execute(stmt)).all())
                 await conn.rollback()
         return rows
-
-
-def _fate_plan(
-    dialect: Dialect, job: str, key: str, record: Callable[[int, datetime], tuple[Any, Any]]
-) -> Plan[None]:
-    yield sql.ROLLBACK_TO_SAVEPOINT, None
-    yield sql.unclaim(job, key), None
-    marks = (yield sql.slot_marks(job, key, dialect.now()), None).one()
-    yield record(int(marks.tries), marks.now)
 
 
 def _driver_message(exc: BaseException) -> str:
