@@ -267,7 +267,10 @@ def waited_line(busy: RunResult, waited: Waited) -> str:
         by = f"{waited.claim.claimed_by} at {iso(waited.claim.claimed_at)}"
         return f"skipped {head}: ran elsewhere (claimed by {by}), {took}"
     if waited.held is Held.FAILED:
-        return f"failed {head}: failed elsewhere (rolled back; the slot is free), {took}"
+        return (
+            f"failed {head}: failed elsewhere (rolled back; given up, retried by the job's "
+            f"policy, or free if its holder died: `oncely explain` says which), {took}"
+        )
     return f"busy {head}: still running elsewhere {took}; outcome unknown"
 
 
