@@ -27,6 +27,7 @@ from .explain import explain_slot, explain_task
 from .fates import SETTLE, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
 from .identity import default_actor, replica_id
 from .model import (
+    Attempt,
     AuditEntry,
     Claim,
     Explanation,
@@ -41,7 +42,7 @@ from .model import (
 )
 from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
-from .runner import run_slot
+from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule
 from .store import Store
 from .store.control import Action
@@ -63,6 +64,9 @@ VERIFY_WINDOW = timedelta(hours=24)
 """How far back `verify` looks by default (or to the job's first appearance, if later)."""
 VERIFY_MAX_SLOTS = 100_000
 """A verify window holding more slots of one job than this is refused: narrow it."""
+CANCEL_RECORD_WAIT = LISTEN_AFTER + 2.0
+"""Seconds `cancel` waits for the start record of an attempt that holds its lock but has not
+recorded its start yet (it does so once it has run `runner.LISTEN_AFTER`)."""
 DEFAULT_LEASE = config.LEASE
 """Seconds: a task's lease when neither Oncely(lease=...) nor `oncely worker --lease` says."""
 Database = str | AsyncEngine | async_sessionmaker  # type: ignore[type-arg]
@@ -120,15 +124,18 @@ class Oncely:
         grace: timedelta | None = None,
         overlap: str = "skip",
         timeout: timedelta | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Register `f(db, now)` to run once per slot of `schedule`.
 
         `db` is an AsyncSession (a Session for a plain `def`) in an open transaction that
         also holds the slot's claim; `now` is the slot's nominal time in the schedule's zone.
-        The job never commits: returning commits, raising rolls back and frees the slot.
-        `catch_up`, `grace` and `overlap` tell the worker what to do with missed and
-        overlapping slots (see docs/worker.md). An attempt running longer than `timeout` is
-        cancelled and rolled back: its slot stays free (see docs/operate.md).
+        The job never commits: returning commits; raising rolls its work back and records
+        the slot as given up, unless `retry` (a RetryPolicy, its attempts counted across the
+        fleet) runs it again later. `catch_up`, `grace` and `overlap` tell the worker what to
+        do with missed and overlapping slots (see docs/worker.md). An attempt running longer
+        than `timeout` is cancelled and rolled back, and given up as a failure is (see
+        docs/operate.md).
         """
 
         def register(func: F) -> F:
@@ -141,6 +148,7 @@ class Oncely:
                 grace=grace,
                 overlap=overlap,
                 timeout=timeout,
+                retry=retry,
             )
             return func
 
@@ -376,19 +384,37 @@ class Oncely:
         reason: str | None = None,
     ) -> Claim | None:
         """Delete one claim so its slot can run again (logged, audited); the claim deleted, or
-        None. Refused (BadInputError) while an attempt at the slot runs, unless `force`."""
+        None. Refused (BadInputError) while an attempt at the slot runs, unless `force`.
+        A slot whose attempt was given up is freed too (see `release_slot`)."""
+        claim, _ = await self.release_slot(job, key, force=force, actor=actor, reason=reason)
+        return claim
+
+    async def release_slot(
+        self,
+        job: str,
+        key: str,
+        *,
+        force: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[Claim | None, bool]:
+        """`release`, saying also whether the slot had been given up (a failed, timed-out or
+        cancelled attempt's final record): (the claim deleted, whether a given-up mark was
+        cleared). Either way the slot can run again."""
         action = self._action("release", job, f"{job} {key}", actor, reason)
-        claim = await self.store.control.release(action, job, key, force=force)
-        if claim is not None:
+        claim, given_up = await self.store.control.release(action, job, key, force=force)
+        if claim is not None or given_up:
             events.emit(
                 "run.released",
-                "claim deleted by hand; the slot can run again",
+                "claim deleted by hand; the slot can run again"
+                if claim is not None
+                else "given-up slot freed by hand; the slot can run again",
                 level=logging.WARNING,
                 job=job,
                 key=key,
-                claimed_by=claim.claimed_by,
+                claimed_by=claim.claimed_by if claim is not None else None,
             )
-        return claim
+        return claim, given_up
 
     # -- the task queue's operations ----------------------------------------------------
 
@@ -767,7 +793,8 @@ class Oncely:
         reason: str | None = None,
     ) -> list[int]:
         """Stop the running attempt of `job` (at `slot`, else any), in whatever process runs
-        it: it notices within seconds, rolls back and frees the slot (outcome `cancelled`).
+        it: it notices within seconds, rolls back and gives the slot up (outcome `cancelled`,
+        final: `release` frees it). An attempt in its first second is waited for.
         The ids of the attempts asked; BadInputError if none is running (nothing written)."""
         definition = self.registry.job(job)
         key = self.slot(job, slot).key if slot is not None else None
@@ -778,7 +805,7 @@ class Oncely:
                 "SIGTERM rolls the attempt back; a job's timeout= works on SQLite too)"
             )
         await self.store.ensure_schema()
-        running = await self.store.control.running(definition.name, key)
+        running = await self._running_soon(definition, key)
         if not running:
             where = f" at slot {slot.isoformat()}" if slot is not None else ""
             raise BadInputError(
@@ -792,6 +819,35 @@ class Oncely:
                 f"the attempt of {definition.name!r} ended meanwhile: nothing to cancel"
             )
         return asked
+
+    async def _running_soon(self, job: Job, key: str | None) -> list[Attempt]:
+        """The running attempts of a job (at one slot); an attempt records its start only
+        after it has run `runner.LISTEN_AFTER`, so while the job's or a recent slot's lock is
+        held with no record yet, the record is waited for (at most CANCEL_RECORD_WAIT)."""
+        control = self.store.control
+        running = await control.running(job.name, key)
+        if running:
+            return running
+        keys = [key] if key is not None else self._recent_keys(job)
+        if not await control.held(job.name, keys):
+            return []
+        deadline = time.monotonic() + CANCEL_RECORD_WAIT
+        while not running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            running = await control.running(job.name, key)
+        return running
+
+    def _recent_keys(self, job: Job, n: int = 3) -> list[str]:
+        """The keys of the job's latest `n` slots due now (what a running attempt may hold)."""
+        keys: list[str] = []
+        at: datetime | None = clock.utcnow()
+        while at is not None and len(keys) < n:
+            slot = job.schedule.latest_at_or_before(at)
+            if slot is None:
+                break
+            keys.append(job.key_for(slot))
+            at = slot - timedelta(microseconds=1)
+        return keys
 
     async def cancel_task(
         self, task_id: int, *, actor: str | None = None, reason: str | None = None

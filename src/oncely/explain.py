@@ -31,6 +31,8 @@ def _attempt_fields(a: Attempt) -> dict[str, Any]:
         "error_class": a.error_class,
         "error": a.error,
         "cancelled_by": a.cancel_requested_by,
+        "given_up": a.final,
+        "retry_at": _iso(a.retry_at),
     }
 
 
@@ -193,7 +195,7 @@ def _ended(
     answer = last.outcome or "died"
     n = len(ended)
     tries = f" ({n} attempts)" if n > 1 else ""
-    free = "rolled back, the slot is free"
+    free = _fate(last)
     if answer == "failed":
         sentence = (
             f"{head} failed{tries}: the last attempt, by {last.replica} at "
@@ -216,8 +218,25 @@ def _ended(
             f"{_iso(last.started_at)} never recorded an end and no longer holds the slot (its "
             f"process died: killed, or lost its host); {free}."
         )
-    fields |= {"by": last.replica, "at": _iso(last.started_at)}
+    fields |= {
+        "by": last.replica,
+        "at": _iso(last.started_at),
+        "given_up": last.final,
+        "retry_at": _iso(last.retry_at),
+    }
     return Explanation(**base, answer=answer, sentence=sentence, fields=fields, attempts=attempts)
+
+
+def _fate(last: Attempt) -> str:
+    """What the last ended attempt left its slot as."""
+    if last.final:
+        return (
+            f"rolled back; given up: no replica starts it again (`oncely release {last.job} "
+            f"{last.key}` frees it)"
+        )
+    if last.retry_at is not None:
+        return f"rolled back; the job's retry policy runs it again at {_iso(last.retry_at)}"
+    return "rolled back, the slot is free"
 
 
 def explain_task(rec: TaskRecord, cancel: tuple[datetime, str] | None) -> tuple[str, str]:

@@ -20,16 +20,24 @@ class RunStatus(str, enum.Enum):
     OVERLAP = "overlap"
     """`overlap="skip"`: another slot of this job is running right now; not started."""
     FAILED = "failed"
-    """The job raised (or the attempt died): everything rolled back, the slot is free."""
+    """The job raised: its work rolled back; the slot is given up (recorded as final) unless
+    the job's `retry=` policy retries it (`retry_at`). A commit that failed frees the slot."""
     UNKNOWN = "unknown"
     """The connection was lost during COMMIT and the claim could not be read back: the
     work may or may not have committed (`oncely history JOB` tells; a retry is safe)."""
     TIMEOUT = "timeout"
-    """The job ran longer than its `timeout=`: cancelled, rolled back, the slot is free."""
+    """The job ran longer than its `timeout=`: cancelled, rolled back, given up as `failed` is."""
     CANCELLED = "cancelled"
-    """An operator cancelled the attempt (`oncely cancel`): rolled back, the slot is free."""
+    """An operator cancelled the attempt (`oncely cancel`): rolled back, given up (always
+    final); a worker's own shutdown also ends an attempt as cancelled, and frees its slot."""
     PAUSED = "paused"
     """The job is paused (`oncely pause`): not started."""
+    GIVEN_UP = "given_up"
+    """An earlier attempt at the slot failed, timed out or was cancelled and is not retried
+    (its record is final): not started; `oncely release` frees the slot."""
+    RETRY_WAIT = "retry_wait"
+    """An earlier attempt failed and the job's `retry=` policy runs the slot again later: not
+    started yet."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,13 @@ class RunResult:
     """For `ran`: this attempt's replica; for `skipped`: the replica that ran the slot."""
     pause: Pause | None = None
     """For `paused`: the pause in force."""
+    retry_at: datetime | None = None
+    """For `failed` or `timeout` under the job's `retry=` policy: when the slot may run again
+    (database time)."""
+    given_up: bool = False
+    """For `failed`, `timeout`, `cancelled`: the attempt recorded the slot as given up (no
+    replica starts it again until `oncely release`); False with no `retry_at`: its slot is
+    free (its fate could not be recorded, or the worker shut down)."""
 
 
 class TaskState(str, enum.Enum):
@@ -196,6 +211,11 @@ class Attempt:
     cancel_requested_by: str | None = None
     alive: bool = False
     """For an attempt with no outcome: whether its holder is still running it."""
+    final: bool = False
+    """It failed, timed out or was cancelled and gave its slot up: no replica starts the slot
+    again until `oncely release` (which clears this)."""
+    retry_at: datetime | None = None
+    """It failed and the job's retry policy runs the slot again at this time."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from . import locks
 from .errors import ConfigError, UnknownJobError
+from .retry import RetryPolicy
 from .schedule import Schedule, default_key
 
 JobFunc = Callable[[Any, datetime], Awaitable[None] | None]
@@ -45,6 +46,9 @@ class Job:
     """How one attempt runs when its transaction is not oncely's session but a framework's
     (Django's): `await attempt(store, job, slot, request)` returns the runner's Outcome.
     None: the runner opens the session, claims, calls `func(db, now)` and commits."""
+    retry: RetryPolicy | None = None
+    """How a slot whose attempt failed or timed out is retried, its attempts counted across
+    the fleet from the recorded attempts of the slot; None: it is given up (not retried)."""
 
     @property
     def is_async(self) -> bool:
@@ -137,6 +141,7 @@ class Registry:
         overlap: str = "skip",
         timeout: timedelta | None = None,
         attempt: AttemptFunc | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Job:
         """Validate and register a job; raise ConfigError naming the job if anything is off.
 
@@ -161,6 +166,8 @@ class Registry:
             raise ConfigError(
                 f"job {job_name!r}: timeout must be a positive timedelta or None, got {timeout!r}"
             )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"job {job_name!r}: retry= must be a RetryPolicy, got {retry!r}")
         if job_name in self._jobs:
             raise ConfigError(f"job {job_name!r} is registered twice")
         lock_key = locks.job_lock_key(job_name)
@@ -170,7 +177,7 @@ class Registry:
             raise ConfigError(
                 f"jobs {other!r} and {job_name!r} share one advisory-lock key: rename one of them"
             )
-        job = Job(job_name, schedule, func, key, catch_up, grace, overlap, timeout, attempt)  # type: ignore[arg-type]
+        job = Job(job_name, schedule, func, key, catch_up, grace, overlap, timeout, attempt, retry)  # type: ignore[arg-type]
         self._jobs[job_name] = job
         self._lock_keys[lock_key] = job_name
         return job

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict
@@ -27,6 +28,7 @@ from . import clock, events, tracing
 from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, OncelyError
 from .model import Claim, Pause, RunResult, RunStatus
 from .registry import Job
+from .retry import Retry
 from .store import ClaimOutcome, ClaimRequest, Store, violation
 from .store.outcome import claim_landed
 
@@ -60,6 +62,15 @@ class Outcome:
     `cancelled`: why the attempt was stopped)."""
     pause: Pause | None = None
     """For `paused`: the pause in force."""
+    retry_at: datetime | None = None
+    """For a failed attempt the job's retry policy retries: when (database time)."""
+    final: bool = False
+    """A failed attempt given up: recorded final in its own transaction (see `_settle`)."""
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the attempt's end row was written in its own transaction."""
+        return self.final or self.retry_at is not None
 
 
 RAN = Outcome(RunStatus.RAN, Stage.COMMIT)
@@ -68,6 +79,8 @@ _NOT_CLAIMED = {
     ClaimOutcome.BUSY: RunStatus.BUSY,
     ClaimOutcome.OVERLAP: RunStatus.OVERLAP,
     ClaimOutcome.TAKEN: RunStatus.SKIPPED,
+    ClaimOutcome.GIVEN_UP: RunStatus.GIVEN_UP,
+    ClaimOutcome.RETRY_WAIT: RunStatus.RETRY_WAIT,
 }
 
 
@@ -136,14 +149,25 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
         "text": "already ran, skipping",
         "timed": False,
     },
+    ("run", RunStatus.GIVEN_UP, Stage.CLAIM): {
+        "event": "run.given_up",
+        "text": "an earlier attempt at this slot failed, timed out or was cancelled and is not "
+        "retried: not started (`oncely release` frees it)",
+        "timed": False,
+    },
+    ("run", RunStatus.RETRY_WAIT, Stage.CLAIM): {
+        "event": "run.retry_wait",
+        "text": "an earlier attempt at this slot failed; the job's retry policy runs it later",
+        "timed": False,
+    },
     ("run", RunStatus.FAILED, Stage.CALL): {
         "event": "run.failed",
-        "text": "the job raised; rolled back, the slot is free",
+        "text": "the job raised; rolled back, the slot's fate is recorded",
         "timed": True,
     },
     ("run", RunStatus.FAILED, Stage.TRANSACTION): {
         "event": "run.failed",
-        "text": "the job raised; rolled back, the slot is free",
+        "text": "the job raised; rolled back, the slot's fate is recorded",
         "timed": True,
     },
     ("run", RunStatus.FAILED, Stage.COMMIT): {
@@ -153,12 +177,12 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
     },
     ("run", RunStatus.TIMEOUT, Stage.CALL): {
         "event": "run.timeout",
-        "text": "the job ran past its timeout: cancelled, rolled back, the slot is free",
+        "text": "the job ran past its timeout: cancelled, rolled back, the slot's fate is recorded",
         "timed": True,
     },
     ("run", RunStatus.CANCELLED, Stage.CALL): {
         "event": "run.cancelled",
-        "text": "an operator cancelled the attempt: rolled back, the slot is free",
+        "text": "the attempt was cancelled: rolled back",
         "timed": True,
     },
     ("run", RunStatus.PAUSED, Stage.CLAIM): {
@@ -226,6 +250,10 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
         extra["paused_by"] = outcome.pause.paused_by
         extra["paused_at"] = outcome.pause.paused_at.isoformat()
         extra["reason"] = outcome.pause.reason
+    if outcome.final:
+        extra["given_up"] = True
+    if outcome.retry_at is not None:
+        extra["retry_at"] = outcome.retry_at.isoformat()
     if event["timed"]:
         extra["duration_ms"] = round(duration * 1000, 1)
     events.emit(event["event"], event["text"], level=level, **extra, **fields)
@@ -353,7 +381,6 @@ async def _call(
             await session.run_sync(lambda sync_session: job.func(sync_session, slot))
             stop = await watch.after_sync()
         if stop is not None:
-            await store.abandon(session)
             return stop
     except Exception as exc:
         error = exc
@@ -361,10 +388,60 @@ async def _call(
         await store.abandon(session)
         raise
     # A job that swallowed the JobTransactionError fails all the same.
-    outcome = after_call(session.sync_session, error, "the job")
-    if outcome is not None:
+    return after_call(session.sync_session, error, "the job")
+
+
+async def _settle(
+    store: Store, job: Job, session: AsyncSession, record: Record, outcome: Outcome
+) -> Outcome:
+    """A failed, timed-out or cancelled attempt's fate, recorded in its own transaction while
+    it still holds the slot (see `Store.give_up`): given up (final), or retried at the time
+    the job's `retry=` policy says. Where that cannot be written (an older schema, a dead
+    connection) the attempt is rolled back whole: its slot is free, as after a crash."""
+    if not record.recordable_in_transaction:
         await store.abandon(session)
-    return outcome
+        return outcome
+    write, decided = fate_writer(job, outcome, record.fate)
+    try:
+        await store.give_up(session, record.request.job, record.request.key, write)
+    except Exception:  # rolled back whole: the slot is free, the end recorded outside
+        await store.abandon(session)
+        return outcome
+    return decided(outcome)
+
+
+Fate = Callable[..., tuple[Any, Any]]
+"""`fate(outcome, final=…, retry_at=…)`: the statement of a failed attempt's end row."""
+
+
+def fate_writer(
+    job: Job, outcome: Outcome, fate: Fate
+) -> tuple[Callable[[int, datetime], tuple[Any, Any]], Callable[[Outcome], Outcome]]:
+    """For a failed attempt's end written in its own transaction: the `record(tries, now)`
+    that `Store.give_up` (or `borrowed.give_up`) calls, which decides given up or retried
+    (the job's retry policy, its attempts counted from the slot's recorded ones), and a
+    function that marks the outcome with what was decided, once it committed."""
+    decided: dict[str, Any] = {}
+
+    def write(tries: int, now: datetime) -> tuple[Any, Any]:
+        retry_at = _retry_at(job, outcome, tries + 1, now)
+        decided["retry_at"] = retry_at
+        return fate(outcome, final=retry_at is None, retry_at=retry_at)
+
+    def marked(out: Outcome) -> Outcome:
+        retry_at = decided.get("retry_at")
+        return dataclasses.replace(out, final=retry_at is None, retry_at=retry_at)
+
+    return write, marked
+
+
+def _retry_at(job: Job, outcome: Outcome, attempt: int, now: datetime) -> datetime | None:
+    """When the job's retry policy runs the slot again after failed attempt number `attempt`
+    (counted fleet-wide), or None: given up (no policy, an operator's cancel, exhausted)."""
+    if job.retry is None or outcome.status is RunStatus.CANCELLED or outcome.error is None:
+        return None
+    decision = job.retry.decide(outcome.error, attempt, now)
+    return decision.at if isinstance(decision, Retry) else None
 
 
 async def _call_async(
@@ -395,7 +472,8 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
     if error is None or not store.is_unavailable(error):
         return outcome
     # Lost during COMMIT, maybe after it landed: the ledger says which.
-    landed = await claim_landed(store, request.job, request.key, request.claimed_by)
+    xid = store.attempt_xact(session)
+    landed = await claim_landed(store, request.job, request.key, request.claimed_by, xid)
     if landed is None:
         return Outcome(RunStatus.UNKNOWN, Stage.READ_BACK, error=error)
     if landed:
@@ -430,6 +508,8 @@ async def attempt_slot(
             if outcome is None:
                 await record.claimed(job)
                 outcome = await _call(store, job, session, slot, Watch(store, job, record))
+                if outcome is not None:
+                    outcome = await _settle(store, job, session, record, outcome)
             if outcome is None:
                 outcome = await _commit(store, session, request)
     except asyncio.CancelledError:  # the worker's shutdown: rolled back, the slot is free
@@ -494,9 +574,31 @@ class Record:
         if not job.is_async:
             await self.start()
 
+    @property
+    def recordable_in_transaction(self) -> bool:
+        """Whether a failed attempt's end can be written in its own transaction (schema 14)."""
+        return self.store.has_slot_fate
+
+    def fate(self, outcome: Outcome, *, final: bool, retry_at: datetime | None) -> tuple[Any, Any]:
+        """The statement of this attempt's end row, written in its transaction."""
+        r = self.request
+        ended = {
+            "job": r.job,
+            "key": r.key,
+            "slot": self.slot,
+            "replica": r.claimed_by,
+            "outcome": outcome.status.value,
+            "started_at": self.claimed_at,
+            "final": final or None,
+            "retry_at": retry_at,
+        }
+        return self.store.control.fate_record(self.id, ended, outcome.error)
+
     async def ended(self, outcome: Outcome) -> None:
         status = outcome.status
         r = self.request
+        if outcome.recorded:
+            return  # written in the attempt's own transaction
         with contextlib.suppress(OncelyError):
             if status is RunStatus.OVERLAP:
                 if self.id is not None:
@@ -522,7 +624,13 @@ class Record:
                 )
 
 
-_NOT_RUN = (RunStatus.BUSY, RunStatus.SKIPPED, RunStatus.PAUSED)
+_NOT_RUN = (
+    RunStatus.BUSY,
+    RunStatus.SKIPPED,
+    RunStatus.PAUSED,
+    RunStatus.GIVEN_UP,
+    RunStatus.RETRY_WAIT,
+)
 
 
 def paused(
@@ -593,4 +701,6 @@ async def run_slot(
         error=outcome.error,
         claimed_by=claimed_by,
         pause=outcome.pause,
+        retry_at=outcome.retry_at,
+        given_up=outcome.final,
     )

@@ -296,9 +296,18 @@ class Scheduler:
 
     # -- outcomes -------------------------------------------------------------------------
 
-    def finished(self, job: Job, slot: datetime, status: RunStatus | None, now: datetime) -> None:
-        """Record one attempt's outcome; `busy`, `unknown` (a commit whose outcome could not be
-        read back) or None (the database failed) is retried later: the claim decides."""
+    def finished(
+        self,
+        job: Job,
+        slot: datetime,
+        status: RunStatus | None,
+        now: datetime,
+        retry_at: datetime | None = None,
+    ) -> None:
+        """Record one attempt's outcome; `busy`, `retry_wait` (the job's retry policy runs it
+        later), `unknown` (a commit whose outcome could not be read back) or None (the
+        database failed) is retried later: the claim decides. A failed attempt with a
+        `retry_at` (the policy's time) is tried again then; `given_up` is settled."""
         state = self.states[job.name]
         count = state.running.get(slot, 0) - 1
         if count > 0:
@@ -306,7 +315,9 @@ class Scheduler:
         else:
             state.running.pop(slot, None)
         tries = state.retrying.pop(slot, 0) + 1
-        if status is RunStatus.BUSY or status is RunStatus.UNKNOWN or status is None:
+        if retry_at is not None:
+            state.pending[slot] = _Pending(max(retry_at, now), tries)
+        elif status in _TRY_AGAIN or status is None:
             delay = min(BUSY_RETRY_MAX, BUSY_RETRY_FIRST * 2 ** (tries - 1))
             delay *= self._rng.uniform(0.5, 1.5)
             state.pending[slot] = _Pending(now + timedelta(seconds=delay), tries)
@@ -365,6 +376,8 @@ def _partition(
         slots[:0] = found
         count += n
     return paused, slots, count, gaps[0][0] if gaps else floor
+
+_TRY_AGAIN = (RunStatus.BUSY, RunStatus.UNKNOWN, RunStatus.RETRY_WAIT)
 
 
 def _missed(

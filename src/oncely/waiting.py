@@ -40,6 +40,9 @@ class Waited:
     waited: float
 
 
+_HOLDER_FAILED = (ClaimOutcome.CLAIMED, ClaimOutcome.GIVEN_UP, ClaimOutcome.RETRY_WAIT)
+
+
 async def wait_for_holder(
     store: Store, job: Job, slot: datetime, key: str, replica: str, timeout: float
 ) -> Waited:
@@ -55,7 +58,7 @@ async def wait_for_holder(
             await store.abandon(session)  # a probe: never keep the claim
         if outcome is ClaimOutcome.TAKEN:
             continue  # committed between the read and the probe: read it
-        if outcome is ClaimOutcome.CLAIMED:
+        if outcome in _HOLDER_FAILED:  # free, given up, or waiting for its retry
             return Waited(Held.FAILED, None, time.monotonic() - started)
         if time.monotonic() - started >= timeout:
             return Waited(Held.STILL_BUSY, None, time.monotonic() - started)

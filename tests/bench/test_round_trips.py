@@ -1,11 +1,13 @@
 """What one `app.run` sends to Postgres: a count, not a time, so it can guard the cost.
 
-A steady-state attempt is four messages on the wire, each one round trip: BEGIN, the
-lock-and-claim CTE, the read of the job's pause (in the same transaction: `app.run` and
-`oncely run` honour `oncely pause`; a worker reads pauses once per scheduling step instead,
-and its attempts are three), and the finish UPDATE sent with the COMMIT. A quick attempt that
-succeeds writes no attempt record (its claim is its record). A per-checkout ping
-(pool_pre_ping) once made it seven, and the finish UPDATE on its own four; a statement added
+A steady-state attempt is five messages on the wire, each one round trip: BEGIN, the
+lock-and-claim CTE, the check of the slot's fate with the SAVEPOINT a failed attempt rolls
+back to (a statement of its own, after the lock's: its snapshot must see the fate that the
+lock's previous holder committed), the read of the job's pause (in the same transaction:
+`app.run` and `oncely run` honour `oncely pause`; a worker reads pauses once per scheduling
+step instead, and its attempts are four), and the finish UPDATE sent with the COMMIT. A quick
+attempt that succeeds writes no attempt record (its claim is its record). A per-checkout ping
+(pool_pre_ping) once made it eight, and the finish UPDATE on its own five; a statement added
 to the attempt shows up here before it shows up in a benchmark.
 """
 
@@ -21,7 +23,7 @@ SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.mark.postgres
-async def test_app_run_is_four_round_trips(
+async def test_app_run_is_five_round_trips(
     postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.conftest import _reset_postgres, wire_messages
@@ -41,8 +43,9 @@ async def test_app_run_is_four_round_trips(
                 sent.clear()
                 result = await app.run("noop", now=SLOT + timedelta(seconds=second))
                 assert result.status is RunStatus.RAN
-                # Q = simple query (BEGIN; the finish with COMMIT), B = bind+execute of a
-                # prepared statement (lock-and-claim, the pause)
-                assert sent == [b"Q", b"B", b"B", b"Q"]
+                # Q = simple query (BEGIN; the fate check with the SAVEPOINT; the finish
+                # with COMMIT), B = bind+execute of a prepared statement (lock-and-claim,
+                # the pause)
+                assert sent == [b"Q", b"B", b"Q", b"B", b"Q"]
     finally:
         await app.aclose()

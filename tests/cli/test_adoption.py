@@ -209,11 +209,16 @@ def test_run_wait_exits_with_the_holders_outcome(
     else:
         assert waiter.returncode == 1, out + err
         assert "failed elsewhere" in err
-        assert closes(sync_engine) == 0 and claims(sync_engine) == []  # the slot is free
+        assert closes(sync_engine) == 0 and claims(sync_engine) == []  # nothing landed
         (tmp_path / "fail").unlink()
         (tmp_path / "release").touch()
+        # The holder gave the slot up: a later run does not start it until it is released.
         retry = run_cli("run", "close", "--now", FRIDAY, "--wait", "5", cwd=ROOT, env=env)
-        assert retry.returncode == 0 and retry.stdout.startswith("ran close"), retry.stderr
+        assert retry.returncode == 0 and retry.stdout.startswith("given_up close"), retry.stderr
+        key = retry.stdout.split(" key ")[1].split(": ")[0]
+        assert run_cli("release", "close", key, cwd=ROOT, env=env).returncode == 0
+        again = run_cli("run", "close", "--now", FRIDAY, "--wait", "5", cwd=ROOT, env=env)
+        assert again.returncode == 0 and again.stdout.startswith("ran close"), again.stderr
         assert closes(sync_engine) == 1
 
 

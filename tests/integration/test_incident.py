@@ -77,17 +77,28 @@ def test_once_per_slot_eight_processes_at_once(env: dict[str, str], sync_engine:
     assert coins(sync_engine) == [("ana", 10), ("beto", 10), ("carla", 10)]
 
 
-def test_failure_frees_the_slot_when_the_job_raises(
+def test_a_failed_attempt_leaves_no_partial_effect_and_records_the_slot_given_up(
     env: dict[str, str], sync_engine: sa.Engine
 ) -> None:
-    failed = run_cli("run", "close_then_fail", "--now", FRIDAY.format(0), cwd=ROOT, env=env)
+    """Guarantee 2: a failed attempt leaves no partial effect; the slot's fate is recorded;
+    it is retried only by the job's retry policy or by an operator's release."""
+    slot = FRIDAY.format(0)
+    failed = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
     assert failed.returncode == 1
     assert "RuntimeError: leaderboard service exploded" in failed.stderr
-    assert "rolled back; the slot is free" in failed.stderr
+    assert "rolled back; given up (`oncely release close_then_fail " in failed.stderr
     assert coins(sync_engine) == [] and notifications(sync_engine) == 0
-    # The same slot, now with a job that works, runs: the failed attempt left no claim.
-    again = run_cli("run", "leaderboard_close", "--now", FRIDAY.format(0), cwd=ROOT, env=env)
-    assert again.stdout.startswith("ran ")
+    # Given up: no process starts the slot again (no retry policy), until it is released.
+    again = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
+    assert again.returncode == 0 and again.stdout.startswith("given_up "), again.stderr
+    key = again.stdout.split(" key ")[1].split(": ")[0]
+    assert run_cli("release", "close_then_fail", key, cwd=ROOT, env=env).returncode == 0
+    released = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
+    assert released.returncode == 1 and "leaderboard service exploded" in released.stderr
+    assert coins(sync_engine) == [] and notifications(sync_engine) == 0
+    # The same slot of a job that works runs: the failed attempts left no claim.
+    ran = run_cli("run", "leaderboard_close", "--now", slot, cwd=ROOT, env=env)
+    assert ran.stdout.startswith("ran ")
     # The history shows only the successful run.
     hist = run_cli("history", "--json", cwd=ROOT, env=env)
     assert '"job": "close_then_fail"' not in hist.stdout

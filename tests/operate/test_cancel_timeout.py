@@ -1,6 +1,7 @@
-"""Timeouts and cancel: the attempt's writes are gone afterwards, the slot can run again, the
-outcome is recorded; a cancel stops an attempt in another OS process within 5 s (Postgres:
-on SQLite the running attempt holds the write lock a cancel needs, and it is refused)."""
+"""Timeouts and cancel: the attempt's writes are gone afterwards, the slot is given up (no
+process starts it again until an operator releases it), the outcome is recorded; a cancel
+stops an attempt in another OS process within 5 s (Postgres: on SQLite the running attempt
+holds the write lock a cancel needs, and it is refused)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,28 @@ def outcomes(env: Env, job: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+def timed_out(env: Env, job: str) -> None:
+    done = env.oncely("run", job, "--now", SLOT, "--json")
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["status"], data["given_up"]) == ("timeout", True)
+    assert "run.timeout" in done.stderr and "JobTimeoutError" in done.stderr
+
+
 @pytest.mark.parametrize("job", ["slow", "slow_sync"])
-def test_a_timeout_rolls_back_and_frees_the_slot(env: Env, job: str) -> None:
-    for _ in range(2):  # the second attempt runs: the first left no claim
-        done = env.oncely("run", job, "--now", SLOT, "--json")
-        assert done.returncode == 1, done.stderr
-        assert json.loads(done.stdout)["status"] == "timeout"
-        assert "run.timeout" in done.stderr and "JobTimeoutError" in done.stderr
+def test_a_timeout_rolls_back_and_gives_the_slot_up_until_released(env: Env, job: str) -> None:
+    timed_out(env, job)
+    again = env.oncely("run", job, "--now", SLOT, "--json")  # given up: not started again
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["status"] == "given_up"
     assert env.effects(job) == []
     assert env.rows("SELECT count(*) FROM oncely_runs")[0][0] == 0
+    assert outcomes(env, job) == ["timeout"]
+    assert env.rows("SELECT final FROM oncely_attempts")[0][0] in (True, 1)
+    released = env.cli("release", job, SLOT)
+    assert released.returncode == 0, released.stderr
+    timed_out(env, job)  # released: the slot runs (and times out) once more
+    assert env.effects(job) == []
     assert outcomes(env, job) == ["timeout", "timeout"]
 
 
@@ -60,8 +74,13 @@ def test_cancel_stops_an_attempt_in_another_process_within_5_s(pg_env: Env) -> N
     assert env.effects("hold") == []  # its write rolled back
     assert outcomes(env, "hold") == ["cancelled"]
     assert [(a[0], a[2]) for a in env.audit()] == [("cancel", "cancel requested")]
-    again = env.oncely("run", "hold", "--now", SLOT)  # the slot is free
-    assert again.returncode == 0 and again.stdout.startswith("ran hold"), again.stderr
+    again = env.oncely("run", "hold", "--now", SLOT)  # a cancel is final: not started again
+    assert again.returncode == 0 and again.stdout.startswith("given_up hold"), again.stderr
+    assert env.effects("hold") == []
+    assert env.cli("release", "hold", SLOT).returncode == 0  # the operator frees it
+    (env.tmp / "release").touch()
+    once_more = env.oncely("run", "hold", "--now", SLOT)
+    assert once_more.returncode == 0 and once_more.stdout.startswith("ran hold"), once_more.stderr
     assert len(env.effects("hold")) == 1
 
 

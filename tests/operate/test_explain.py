@@ -34,15 +34,20 @@ def test_a_slot_that_ran(env: Env) -> None:
     assert text.startswith("hourly slot 2026-11-30T10:00:00+00:00 ran: claimed by "), text
 
 
-def test_a_slot_whose_job_raised(env: Env) -> None:
-    for _ in range(2):
-        assert env.cli("run", "boom", "--now", SLOT).returncode == 1
+def test_a_slot_whose_job_raised_is_given_up_then_released(env: Env) -> None:
+    assert env.cli("run", "boom", "--now", SLOT).returncode == 1
+    assert env.cli("run", "boom", "--now", SLOT).returncode == 0  # given up: not started
     answer = explain(env, "boom")
     assert answer["answer"] == "failed", answer
     assert [(a["outcome"], a["error_class"], a["error"]) for a in answer["attempts"]] == [
         ("failed", "RuntimeError", "the upstream answered 503")
-    ] * 2
-    assert "failed (2 attempts)" in answer["sentence"]
+    ]
+    assert answer["attempts"][0]["given_up"] is True
+    assert "given up: no replica starts it again (`oncely release boom" in answer["sentence"]
+    assert env.cli("release", "boom", SLOT).returncode == 0
+    assert env.cli("run", "boom", "--now", SLOT).returncode == 1  # released: it runs again
+    answer = explain(env, "boom")
+    assert "failed (2 attempts)" in answer["sentence"] and "given up" in answer["sentence"]
     assert env.effects("boom") == []  # rolled back: guarantee 2 stands
 
 

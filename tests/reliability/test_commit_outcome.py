@@ -4,6 +4,7 @@ read it back, it says `unknown` (exit 3) and never "nothing changed"."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +73,62 @@ def test_enqueue_reports_a_commit_that_landed_or_unknown(
     else:
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert done.stdout.startswith("enqueued note id "), done.stdout
+
+
+# A deferred constraint trigger that makes every COMMIT of a row in `table` take 1.5 s: the
+# connection is cut while the server still runs the COMMIT (as with a synchronous standby).
+SLOW_COMMIT = (
+    "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger AS $$ "
+    "BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$ LANGUAGE plpgsql",
+    "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} "
+    "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
+)
+
+
+def slow_commits(pg: str, table: str) -> None:
+    engine = engine_for(pg)
+    with engine.begin() as conn:
+        for statement in SLOW_COMMIT:
+            conn.exec_driver_sql(statement.format(table=table))
+    engine.dispose()
+
+
+def landed(pg: str, table: str) -> None:
+    """Wait (10 s at most) for the slow COMMIT's row: it landed, whatever the client said."""
+    deadline = time.monotonic() + 10
+    while rows(pg, table) != 1:
+        assert time.monotonic() < deadline, f"the COMMIT into {table} never landed"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def readable_cut(pg: str) -> Iterator[tuple[CommitCut, str]]:
+    url = make_url(pg)
+    proxy = CommitCut((url.host or "127.0.0.1", url.port or 5432))
+    yield proxy, url.set(host="127.0.0.1", port=proxy.port).render_as_string(False)
+    proxy.close()
+
+
+def test_run_waits_for_a_slow_lost_commit_and_reports_it_ran(
+    pg: str, readable_cut: tuple[CommitCut, str]
+) -> None:
+    proxy, via_proxy = readable_cut
+    slow_commits(pg, "oncely_runs")
+    done = oncely(via_proxy, "run", "minutely", "--now", NOW)
+    assert proxy.cut.is_set(), done.stderr
+    landed(pg, "oncely_runs")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.startswith("ran minutely"), done.stdout
+    assert "the slot is free" not in done.stdout + done.stderr
+
+
+def test_enqueue_waits_for_a_slow_lost_commit_and_reports_it_enqueued(
+    pg: str, readable_cut: tuple[CommitCut, str]
+) -> None:
+    proxy, via_proxy = readable_cut
+    slow_commits(pg, "oncely_tasks")
+    done = oncely(via_proxy, "enqueue", "note", "--json", '{"n": 1}')
+    assert proxy.cut.is_set(), done.stderr
+    landed(pg, "oncely_tasks")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.startswith("enqueued note id "), done.stdout

@@ -297,7 +297,8 @@ def run(
 ) -> None:
     """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes).
 
-    A paused job is not run (exit 0: a scheduler must not retry it).
+    A paused job, or a slot an earlier attempt gave up or that waits for its retry, is not
+    run (exit 0: a scheduler must not retry it).
     """
     at = parse_time(now, "--now")
     patience = parse_wait(wait)
@@ -509,12 +510,21 @@ def release(
     actor: str | None,
     as_json: bool,
 ) -> None:
-    """Delete the claim of one slot so that it can run again (refused while it runs)."""
+    """Free one slot so that it can run again: delete its claim, or clear the given-up mark
+    of a failed, timed-out or cancelled attempt (refused while it runs)."""
     text_arg(job, "job")
     text_arg(key, "key")
     text_arg(reason, "--reason")
     text_arg(actor, "--actor")
-    claim = obj.call(lambda app: app.release(job, key, force=force, actor=actor, reason=reason))
+    claim, given_up = obj.call(
+        lambda app: app.release_slot(job, key, force=force, actor=actor, reason=reason)
+    )
+    if claim is None and given_up:
+        if as_json:
+            click.echo(render.dumps({"status": "released", "job": job, "key": key}))
+        else:
+            render.echo(f"released {job} key {key} (it had been given up)")
+        return
     if claim is None and all(j.name != job for j in obj.app.registry):
         fail(
             f"unknown job {job!r}: the app has no such job, and the database no claim of it "

@@ -69,7 +69,23 @@ def run_line(result: RunResult) -> str:
             f"and the claim could not be read back: it may or may not have committed; see "
             f"`oncely history {result.job}` (running it again is safe: a landed claim skips)"
         )
-    return f"{head}: {type(error).__name__}: {error}; rolled back; the slot is free"
+    if result.status is RunStatus.GIVEN_UP:
+        return (
+            f"{head}: an earlier attempt failed, timed out or was cancelled and is not "
+            f"retried; not started (`oncely release {result.job} {result.key}` frees it)"
+        )
+    if result.status is RunStatus.RETRY_WAIT:
+        return f"{head}: an earlier attempt failed; the job's retry policy runs it later"
+    return f"{head}: {type(error).__name__}: {error}; rolled back; {fate(result)}"
+
+
+def fate(result: RunResult) -> str:
+    """What a failed attempt left its slot as: retried later, given up, or free."""
+    if result.retry_at is not None:
+        return f"retried at {iso(result.retry_at)} (the job's retry policy)"
+    if result.given_up:
+        return f"given up (`oncely release {result.job} {result.key}` frees it)"
+    return "the slot is free"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -277,7 +293,10 @@ def waited_line(busy: RunResult, waited: Waited) -> str:
         by = f"{waited.claim.claimed_by} at {iso(waited.claim.claimed_at)}"
         return f"skipped {head}: ran elsewhere (claimed by {by}), {took}"
     if waited.held is Held.FAILED:
-        return f"failed {head}: failed elsewhere (rolled back; the slot is free), {took}"
+        return (
+            f"failed {head}: failed elsewhere (rolled back; given up, retried by the job's "
+            f"policy, or free if its holder died: `oncely explain` says which), {took}"
+        )
     return f"busy {head}: still running elsewhere {took}; outcome unknown"
 
 
@@ -329,6 +348,8 @@ def run_dict(result: RunResult) -> dict[str, Any]:
         "claimed_at": result.claim.claimed_at.isoformat() if result.claim else None,
         "error": f"{type(error).__name__}: {error}" if error is not None else None,
         "paused": pause_dict(pause) if pause is not None else None,
+        "given_up": result.given_up,
+        "retry_at": result.retry_at.isoformat() if result.retry_at else None,
     }
 
 
@@ -392,6 +413,8 @@ def attempt_dict(a: Attempt) -> dict[str, Any]:
         "error_class": a.error_class,
         "error": a.error,
         "cancel_requested_by": a.cancel_requested_by,
+        "given_up": a.final,
+        "retry_at": a.retry_at.isoformat() if a.retry_at else None,
     }
 
 

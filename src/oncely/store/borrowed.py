@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +24,7 @@ from sqlalchemy.pool import NullPool
 from ..identity import replica_id
 from ..model import Claim, TaskRecord
 from . import task_store
-from .claims import claim_in_plan, claim_plan, finish_plan, raise_translated
+from .claims import claim_in_plan, claim_plan, fate_plan, finish_plan, raise_translated
 from .dialect import ClaimOutcome, ClaimRequest, Dialect
 from .dialects import dialect_for
 from .migrations import apply_migrations
@@ -131,6 +131,18 @@ def lock_and_claim(conn: Connection, request: ClaimRequest) -> ClaimOutcome:
     except DBAPIError as exc:
         if dialect.is_busy(exc):
             return ClaimOutcome.BUSY
+        raise_translated(dialect, exc)
+
+
+def give_up(
+    conn: Connection, job: str, key: str, record: Callable[[int, Any], tuple[Any, Any]]
+) -> None:
+    """A failed slot attempt's end in the owner's open transaction, which still holds the slot
+    (see `claims.fate_plan`); the owner's commit lands it."""
+    dialect = _dialect(conn)
+    try:
+        run(conn, fate_plan(dialect, job, key, record))
+    except DBAPIError as exc:
         raise_translated(dialect, exc)
 
 

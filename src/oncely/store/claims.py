@@ -6,6 +6,7 @@ The claim, the read of a claim and the stamp of a run's end are each written onc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import Connection
@@ -64,6 +65,19 @@ def claim_in_plan(job: str, key: str) -> Plan[Claim | None]:
 def finish_plan(dialect: Dialect, job: str, key: str) -> Plan[None]:
     """Stamp the end of the run claimed as (job, key), before its commit."""
     yield dialect.finish_statement, {"claim_job": job, "claim_key": key, **dialect.now_params()}
+
+
+def fate_plan(
+    dialect: Dialect, job: str, key: str, record: Callable[[int, Any], tuple[Any, Any]]
+) -> Plan[None]:
+    """A failed attempt's end, while its transaction still holds the slot: roll its work back
+    to the savepoint taken after the claim, drop its claim, and write `record(tries, now)`
+    (the statement of its end row, given how many marked attempts the slot had so far and
+    database now). The caller commits."""
+    yield sql.ROLLBACK_TO_SAVEPOINT, None
+    yield sql.unclaim(job, key), None
+    marks = (yield sql.slot_marks(job, key, dialect.now()), None).one()
+    yield record(int(marks.tries), marks.now)
 
 
 async def claim_run(session: AsyncSession | AsyncConnection | Any, job: str, key: str) -> bool:

@@ -113,6 +113,8 @@ def _attempt(row: Any, alive: bool = False) -> Attempt:
         cancel_requested_at=row.cancel_requested_at,
         cancel_requested_by=row.cancel_requested_by,
         alive=alive,
+        final=bool(row.final),
+        retry_at=row.retry_at,
     )
 
 
@@ -311,6 +313,37 @@ class Control:
         async with self._write(record=True) as conn:
             await conn.execute(sql.record_attempt(values))
 
+    def fate_record(
+        self,
+        attempt_id: int | None,
+        ended: dict[str, Any],
+        error: BaseException | None,
+    ) -> tuple[Any, Any]:
+        """The statement that writes a failed attempt's end in its own transaction (see
+        `Store.give_up`): its started row updated, or a whole row. `ended` holds job, key,
+        slot, replica, outcome, started_at, final and retry_at."""
+        now = self.dialect.now()
+        values: dict[str, Any] = {
+            "outcome": ended["outcome"],
+            "finished_at": now,
+            "final": ended["final"],
+            "retry_at": ended["retry_at"],
+        }
+        if error is not None:
+            values["error_class"] = type(error).__name__[:200]
+            values["error"] = str(error)[:ERROR_TEXT_MAX]
+        if attempt_id is not None:
+            return sql.end_attempt(attempt_id, values), None
+        values.update(
+            job=ended["job"],
+            key=ended["key"],
+            slot=ended["slot"],
+            started_at=ended["started_at"] or now,
+            recorded_at=now,
+            **self._origin(ended["replica"]),
+        )
+        return sql.record_attempt(values), None
+
     async def forget_attempt(self, attempt_id: int) -> None:
         """Delete the record of an attempt that did not claim its slot."""
         async with self._write(record=True) as conn:
@@ -379,6 +412,19 @@ class Control:
         await self._need()
         rows = await self.store._read(sql.running_attempts(job, key))
         return [_attempt(row, True) for row in rows if await self._holding(row)]
+
+    async def held(self, job: str, keys: Sequence[str]) -> bool:
+        """Whether an attempt of the job holds its job lock or one of these slots' locks right
+        now (Postgres; read from pg_locks): one whose start is not recorded yet may run."""
+        if not self.dialect.slot_locks:
+            return False
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                held = await self.dialect.job_held(conn, job)
+                for key in keys:
+                    held = held or await self.dialect.slot_held(conn, job, key)
+                await conn.rollback()
+        return held
 
     async def _holding(self, row: Any) -> bool:
         """Whether the attempt of a record with no outcome still runs: its slot's lock is held
@@ -549,9 +595,13 @@ class Control:
             await self._audit(conn, action, f"moved {moved} claims, left {left}{forced}")
         return moved, left
 
-    async def release(self, action: Action, job: str, key: str, *, force: bool) -> Claim | None:
-        """Delete one claim with its audit row. Refused (with a row) while an attempt at the
-        slot runs, unless `force`; None (nothing written) if there is no claim."""
+    async def release(
+        self, action: Action, job: str, key: str, *, force: bool
+    ) -> tuple[Claim | None, bool]:
+        """Delete one claim, or clear the given-up mark (and retry times) of a slot whose
+        attempt was given up, with its audit row: (the claim deleted, whether a given-up mark
+        was cleared). Refused (with a row) while an attempt at the slot runs, unless
+        `force`; (None, False), nothing written, if there was neither."""
         await self._need()
         running = BadInputError(
             f"job {job!r} key {key!r} is running right now (or, on SQLite, another write "
@@ -563,15 +613,17 @@ class Control:
                 if not force and not await self.dialect.try_lock_slot(conn, job, key):
                     raise running
                 row = (await conn.execute(sql.release(job, key))).first()
-                if row is not None:
+                marks = (await conn.execute(sql.release_marks(job, key))).rowcount
+                if row is not None or marks:
                     forced = " (--force)" if force else ""
-                    await self._audit(conn, action, f"released{forced}")
+                    what = "released" if row is not None else "released (given up)"
+                    await self._audit(conn, action, f"{what}{forced}")
         except OncelyError as exc:
             if exc is not running and not self.dialect.is_busy(exc.__cause__ or exc):
                 raise
             await self.refused(action, running)
             raise running from None
-        return claim_from_row(row) if row is not None else None
+        return (claim_from_row(row) if row is not None else None), bool(marks)
 
     async def cancel_attempts(self, action: Action, attempts: Sequence[Attempt]) -> list[int]:
         """Ask running attempts to stop, with one audit row; the ids that were still running.

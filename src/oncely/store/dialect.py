@@ -37,6 +37,34 @@ class ClaimOutcome(enum.Enum):
     """Another transaction holds the slot right now."""
     OVERLAP = "overlap"
     """Another slot of the same job is running right now (asked for with `exclusive`)."""
+    GIVEN_UP = "given_up"
+    """An earlier attempt at the slot failed, timed out or was cancelled and was not to be
+    retried (its final record): no replica starts it again until an operator releases it."""
+    RETRY_WAIT = "retry_wait"
+    """An earlier attempt failed and the job's retry policy retries it later: not yet."""
+
+
+def marks_verdict(row: Any) -> ClaimOutcome | None:
+    """What a slot's marks (`sql.slot_marks`, read once its lock is held) say: GIVEN_UP,
+    RETRY_WAIT, or None (it may run)."""
+    if row is None or not row.tries:
+        return None
+    if row.final:
+        return ClaimOutcome.GIVEN_UP
+    if row.retry_at is not None and row.retry_at > row.now:
+        return ClaimOutcome.RETRY_WAIT
+    return None
+
+
+def checked_plan(job: str, key: str, now: Any) -> Plan[ClaimOutcome]:
+    """Once the slot is locked and claimed: refuse it if its marks say so, else take the
+    savepoint a failed attempt rolls back to (keeping the lock to record the slot's fate)."""
+    row = (yield sql.slot_marks(job, key, now), None).first()
+    verdict = marks_verdict(row)
+    if verdict is not None:
+        return verdict
+    yield sql.SAVEPOINT, None
+    return ClaimOutcome.CLAIMED
 
 
 @dataclass(frozen=True)
@@ -148,11 +176,15 @@ class Dialect(abc.ABC):
         whose write lock is the slot's lock (SQLite) the claim alone."""
         params = {**request.claim_params(), **self.now_params()}
         row = (yield self.claim_statement, params).first()
-        return ClaimOutcome.CLAIMED if row is not None else ClaimOutcome.TAKEN
+        if row is None:
+            return ClaimOutcome.TAKEN
+        return (yield from checked_plan(request.job, request.key, self.now()))
 
     @abc.abstractmethod
     async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
-        """In the session's new transaction: take the slot's lock without waiting, then claim.
+        """In the session's new transaction: take the slot's lock without waiting, then claim;
+        once claimed, refuse a slot an earlier attempt gave up (or whose retry is not due),
+        else take the savepoint that a failed attempt rolls back to (`sql.SAVEPOINT`).
 
         With `request.exclusive`, also take the job's lock without waiting: while one slot of
         the job runs anywhere, another slot's attempt answers OVERLAP (`overlap="skip"`).
@@ -276,6 +308,21 @@ class Dialect(abc.ABC):
     async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
         """Whether an attempt holds the slot's lock right now, read without taking it (a
         probe that took it would make a concurrent attempt at the slot answer busy)."""
+        return False
+
+    async def xact_id(self, conn: Any) -> int | None:
+        """The id of the transaction open on `conn` (an AsyncConnection or AsyncSession), by
+        which a lost COMMIT's fate can be asked (`xact_status`); None where there is none."""
+        return None
+
+    async def xact_status(self, conn: AsyncConnection, xid: int) -> str | None:
+        """What became of transaction `xid`: "committed", "aborted", "in progress", or None
+        (unknown, or a database that cannot tell)."""
+        return None
+
+    async def job_held(self, conn: AsyncConnection, job: str) -> bool:
+        """Whether an exclusive attempt (`overlap="skip"`) of the job holds the job's lock
+        right now, read without taking it."""
         return False
 
     async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:

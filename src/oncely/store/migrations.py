@@ -152,6 +152,20 @@ def _v13_ack(conn: Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
+def _v14_slot_fate(conn: Connection) -> None:
+    # Two nullable columns, no default (no row rewritten), and a partial index of the few
+    # attempts they mark (none yet). A release of schema 13 refuses v14 (it is newer than
+    # what it knows); every release from this one on reads the marks in its claim.
+    present = {c["name"] for c in sa.inspect(conn).get_columns("oncely_attempts")}
+    for name in ("final", "retry_at"):
+        if name not in present:
+            column = sa.schema.CreateColumn(attempts.c[name]).compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE oncely_attempts ADD COLUMN {column}")
+    for index in attempts.indexes:
+        if index.name == "oncely_attempts_marked":
+            index.create(conn, checkfirst=True)
+
+
 def _v16_jobs(conn: Connection) -> None:
     # A new table only: an older oncely runs on v16 (it records no first appearances, and
     # `oncely verify` then dates a job from its oldest claim in the window).
@@ -174,6 +188,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     (11, "oncely_task_errors: every failed task attempt's error", _v11_task_errors),
     (12, "the NOTIFY trigger names the enqueueing transaction (workers take turns)", _v12_wake),
     (13, "oncely_task_ack(): a task's ack, planned once per connection", _v13_ack),
+    (14, "oncely_attempts: a slot's given-up mark and retry time", _v14_slot_fate),
     (
         16,
         "oncely_jobs: when each job first appeared (what `oncely verify` dates it from)",
@@ -217,13 +232,17 @@ ACK_FUNCTION = 13
 """The schema version that holds oncely_task_ack() (Postgres): older databases get the ack as
 a statement of its own, planned at every task."""
 
+SLOT_FATE = 14
+"""The schema version whose attempts carry a slot's fate (`final`, `retry_at`)."""
+
 JOBS = 16
 """The schema version that holds oncely_jobs: older databases record no first appearances."""
 
-REQUIRED = 9
-"""The oldest schema this oncely runs on. v4 and v9 add columns that this oncely's enqueue
-and lease statements name: run `oncely migrate` first, then upgrade the processes (an older
-oncely runs on v9: its statements leave the new columns at their defaults)."""
+REQUIRED = 14
+"""The oldest schema this oncely runs on. v4, v9 and v14 add columns that this oncely's
+enqueue, lease and claim statements name: run `oncely migrate` first, then upgrade the
+processes (an older oncely runs on v14: its statements leave the new columns at their
+defaults)."""
 
 
 def apply_migrations(conn: Connection, too_new: Callable[[int], Exception]) -> list[int]:

@@ -30,7 +30,14 @@ from sqlalchemy.util import await_only
 from ..errors import BadInputError, ConfigError, DatabaseError, SchemaMissingError
 from ..locks import job_lock_key, slot_lock_key
 from . import sql
-from .dialect import MISSING_TABLES, ClaimOutcome, ClaimRequest, Dialect
+from .dialect import (
+    MISSING_TABLES,
+    ClaimOutcome,
+    ClaimRequest,
+    Dialect,
+    checked_plan,
+    marks_verdict,
+)
 from .plan import Plan, Step, run_async
 from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
@@ -147,6 +154,7 @@ DRIVER_LOCK_AND_CLAIM = """
     )
     SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
            (SELECT count(*) FROM ins) AS claimed,
+           CASE WHEN (SELECT count(*) FROM ins) > 0 THEN txid_current() END AS xid,
            set_config('oncely.job', $6::varchar, true) AS claimed_job,
            set_config('oncely.key', $7::varchar, true) AS claimed_key
 """
@@ -157,6 +165,22 @@ DRIVER_FINISH_AND_COMMIT = (
     "UPDATE oncely_runs SET finished_at = clock_timestamp() "
     "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key'); "
     "COMMIT"
+)
+# Once the slot is locked and claimed (the statement above): refuse it if an attempt gave it
+# up or its retry is not due (a division by zero stops the message before the SAVEPOINT), else
+# take the savepoint a failed attempt rolls back to. A statement of its own, after the lock's:
+# its snapshot sees the fate that the lock's previous holder committed as it let go.
+DRIVER_CHECK_AND_SAVEPOINT = (
+    "SELECT 1 / (1 - count(*)) FROM (SELECT 1 FROM oncely_attempts "
+    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key') "
+    "AND (final OR retry_at IS NOT NULL) AND (final OR retry_at > clock_timestamp()) "
+    "LIMIT 1) AS refused; SAVEPOINT oncely_attempt"
+)
+# Why the check above refused a slot (read after the rollback, the rare path).
+DRIVER_MARKS = (
+    "SELECT bool_or(final) AS final, max(retry_at) AS retry_at, count(*) AS tries, "
+    "clock_timestamp() AS now FROM oncely_attempts "
+    "WHERE job = $1 AND key = $2 AND (final OR retry_at IS NOT NULL)"
 )
 DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE job = $1 AND key = $2"
 DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
@@ -305,6 +329,19 @@ def _driver(conn: AsyncConnection) -> Any:
     return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
 
 
+async def _checked_on_driver(driver: Any, job: str, key: str) -> ClaimOutcome:
+    """The claimed slot's check and savepoint (DRIVER_CHECK_AND_SAVEPOINT); refused, the
+    transaction is rolled back and the slot's marks say why (BUSY if they no longer refuse:
+    a retry came due meanwhile, the worker tries again soon)."""
+    try:
+        await driver.execute(DRIVER_CHECK_AND_SAVEPOINT)
+    except asyncpg.DivisionByZeroError:
+        await driver.execute("ROLLBACK")
+        row = await driver.fetchrow(DRIVER_MARKS, job, key)
+        return marks_verdict(SimpleNamespace(**dict(row))) or ClaimOutcome.BUSY
+    return ClaimOutcome.CLAIMED
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
 
@@ -369,7 +406,9 @@ class PostgresDialect(Dialect):
             # Another slot of the job is running; unless this slot ran before, that overlaps.
             taken = (yield sql.get_claim(job, key), None).first() is not None
             return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
-        return ClaimOutcome.CLAIMED if row.claimed else ClaimOutcome.TAKEN
+        if not row.claimed:
+            return ClaimOutcome.TAKEN
+        return (yield from checked_plan(job, key, self.now()))
 
     async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
         driver = attempt_driver(session)
@@ -391,14 +430,16 @@ class PostgresDialect(Dialect):
             request.claimed_by,
         )
         if row["claimed"]:
-            mark_claimed(session, job, key)
+            mark_claimed(session, job, key, row["xid"])
         if not row["got"]:
             return ClaimOutcome.BUSY
         if not row["job_free"]:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
             taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
             return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
-        return ClaimOutcome.CLAIMED if row["claimed"] else ClaimOutcome.TAKEN
+        if not row["claimed"]:
+            return ClaimOutcome.TAKEN
+        return await _checked_on_driver(driver, job, key)
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         if engine.dialect.driver != "asyncpg":
@@ -607,6 +648,18 @@ class PostgresDialect(Dialect):
     async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
         hi, lo = slot_lock_key(job, key)
         # The two-int form's lock shows in pg_locks as classid, objid (unsigned) and objsubid 2.
+        row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
+        return row.first() is not None
+
+    async def xact_id(self, conn: Any) -> int | None:
+        return int((await conn.execute(XACT_ID)).scalar_one())
+
+    async def xact_status(self, conn: AsyncConnection, xid: int) -> str | None:
+        status = (await conn.execute(XACT_STATUS, {"xid": xid})).scalar()
+        return None if status is None else str(status)
+
+    async def job_held(self, conn: AsyncConnection, job: str) -> bool:
+        hi, lo = job_lock_key(job)
         row = await conn.execute(SLOT_HELD, {"hi": hi & 0xFFFFFFFF, "lo": lo & 0xFFFFFFFF})
         return row.first() is not None
 
@@ -852,7 +905,14 @@ SLOT_HELD = sa.text(
     " AND classid::bigint = :hi AND objid::bigint = :lo AND database = ("
     "SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-"""Whether some session holds a slot's advisory lock (read from pg_locks, not taken)."""
+"""Whether some session holds a slot's (or a job's) advisory lock (read from pg_locks, not
+taken)."""
+
+XACT_ID = sa.text("SELECT txid_current()")
+"""The open transaction's id: what a lost COMMIT's fate is asked by (see XACT_STATUS)."""
+XACT_STATUS = sa.text("SELECT txid_status(:xid)")
+"""What became of a transaction by its id: committed, aborted, in progress (NULL: too old
+to tell)."""
 
 CANCEL_CHANNEL = "oncely_cancel"
 """The channel a cancel request wakes the process running the attempt on (payload: its id)."""

@@ -13,6 +13,7 @@ _VIOLATION = "oncely.violation"
 _DRIVER = "oncely.attempt_driver"
 _CLAIMED = "oncely.claimed"
 _ENDED = "oncely.ended"
+_XACT = "oncely.xact"
 
 
 class AttemptSession(Session):
@@ -75,9 +76,17 @@ def attempt_driver(session: Any) -> Any:
     return session.info.get(_DRIVER)
 
 
-def mark_claimed(session: Any, job: str, key: str) -> None:
-    """Record that the attempt's lock-and-claim claimed (job, key) on the driver."""
+def mark_claimed(session: Any, job: str, key: str, xid: int | None = None) -> None:
+    """Record that the attempt's lock-and-claim claimed (job, key) on the driver, in the
+    transaction `xid` (what a lost COMMIT's fate is asked by)."""
     session.info[_CLAIMED] = (job, key)
+    session.info[_XACT] = xid
+
+
+def attempt_xact(session: Any) -> int | None:
+    """The id of the attempt's transaction, if its claim read it (Postgres, on the driver)."""
+    xid = session.info.get(_XACT)
+    return int(xid) if xid is not None else None
 
 
 def claimed_here(session: Any, job: str, key: str) -> bool:

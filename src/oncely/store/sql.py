@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql.dml import Insert
 
 from .tables import (
+    MARKED,
     UTCDateTime,
     attempts,
     audit,
@@ -124,6 +125,39 @@ def last_slots() -> sa.Select[Any]:
 def release(job: str, key: str) -> Any:
     """Delete one claim so its slot can run again; RETURNING the row that was there."""
     return sa.delete(runs).where(runs.c.job == job, runs.c.key == key).returning(*runs.c)
+
+
+def release_marks(job: str, key: str) -> sa.Update:
+    """Clear a slot's given-up mark and retry time, so that it may run again (and its retry
+    policy counts from one)."""
+    return (
+        sa.update(attempts)
+        .where(attempts.c.job == job, attempts.c.key == key, MARKED)
+        .values(final=None, retry_at=None)
+    )
+
+
+def slot_marks(job: str, key: str, now: Any) -> Any:
+    """A slot's fate so far, read after its lock is taken: whether an attempt gave it up, the
+    latest retry time, how many marked attempts its retry policy counts, and database now."""
+    return sa.select(
+        sa.func.max(sa.case((attempts.c.final, 1), else_=0)).label("final"),
+        sa.func.max(attempts.c.retry_at).label("retry_at"),
+        sa.func.count().label("tries"),
+        sa.type_coerce(now, UTCDateTime()).label("now"),
+    ).where(attempts.c.job == job, attempts.c.key == key, MARKED)
+
+
+SAVEPOINT = sa.text("SAVEPOINT oncely_attempt")
+"""Taken once the slot is locked and claimed, before the job's work: what a failed attempt
+rolls back to, keeping the slot's lock to record its fate."""
+ROLLBACK_TO_SAVEPOINT = sa.text("ROLLBACK TO SAVEPOINT oncely_attempt")
+"""Undo a failed attempt's work (the lock stays held: it was taken before the savepoint)."""
+
+
+def unclaim(job: str, key: str) -> sa.Delete:
+    """Delete the attempt's own uncommitted claim before it records the slot's fate."""
+    return sa.delete(runs).where(runs.c.job == job, runs.c.key == key)
 
 
 def claims_of(job: str, keys: list[str]) -> sa.Select[Any]:

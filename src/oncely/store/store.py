@@ -39,7 +39,7 @@ from ..errors import (
 from ..masking import mask_url
 from ..model import Claim, TaskRecord
 from . import control, sql, task_store, tasks_sql, views
-from .claims import claim_from_row, claim_in_plan, claim_plan, finish_plan
+from .claims import claim_from_row, claim_in_plan, claim_plan, fate_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
 from .held import HeldConnections
@@ -51,6 +51,7 @@ from .migrations import (
     JOBS,
     LATEST,
     REQUIRED,
+    SLOT_FATE,
     TASK_ERRORS,
     apply_migrations,
 )
@@ -59,6 +60,7 @@ from .plan import run, run_async
 from .session import (
     AttemptSession,
     attempt_driver,
+    attempt_xact,
     claimed_here,
     end,
     hand_back,
@@ -184,6 +186,11 @@ class Store:
     def has_ack_function(self) -> bool:
         """Whether the database has the task ack's function (schema 13, Postgres)."""
         return self._version is not None and self._version >= ACK_FUNCTION
+
+    @property
+    def has_slot_fate(self) -> bool:
+        """Whether a failed attempt's fate is recorded in its own transaction (schema 14)."""
+        return self._version is not None and self._version >= SLOT_FATE
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool
@@ -414,6 +421,32 @@ class Store:
             hand_back(session.sync_session)
             await self.dialect.commit_attempt(driver, job, key, claimed_here(session, job, key))
 
+    async def give_up(
+        self,
+        session: AsyncSession,
+        job: str,
+        key: str,
+        record: Callable[[int, datetime], tuple[Any, Any]],
+    ) -> None:
+        """End a failed attempt in its own transaction while it still holds the slot: roll
+        its work back to the savepoint taken after the claim, drop its claim, write its end
+        row (`record(tries, now)`: the statement, given how many marked attempts the slot had
+        and database now) and commit, so no replica slips in between."""
+        driver = attempt_driver(session)
+        hand_back(session.sync_session)
+        session.sync_session.expunge_all()  # the job's pending objects are not to be flushed
+        with self.translate():
+            await run_async(session, fate_plan(self.dialect, job, key, record))
+            if driver is None:
+                await session.commit()
+            else:
+                await driver.execute("COMMIT")
+
+    def attempt_xact(self, session: AsyncSession) -> int | None:
+        """The id of an attempt's transaction, read with its claim (Postgres, on the driver):
+        what a lost COMMIT's fate is asked by; None where it was not read."""
+        return attempt_xact(session)
+
     async def abandon(self, session: AsyncSession) -> None:
         """Roll the attempt back (claim included); a dead connection is already rolled back."""
         hand_back(session.sync_session)
@@ -556,6 +589,9 @@ class Store:
             with self.translate():
                 await db.begin()
                 records = await task_store.enqueue(db, entries)
+                # What a lost COMMIT's fate is asked by (Postgres; one more round trip on
+                # this path of producers without a transaction of their own).
+                xid = await self.dialect.xact_id(db)
             try:
                 with self.translate():
                     await db.commit()
@@ -563,7 +599,7 @@ class Store:
                 new = [rec for rec in records if not rec.duplicate]
                 if not new:
                     raise  # nothing was inserted: a lost COMMIT changed nothing
-                return records, await task_landed(self, new[0].id)
+                return records, await task_landed(self, new[0].id, xid)
         return records, True
 
     @contextlib.asynccontextmanager

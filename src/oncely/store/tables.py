@@ -189,12 +189,21 @@ attempts = sa.Table(
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("cancel_requested_at", UTCDateTime(), nullable=True),
     sa.Column("cancel_requested_by", sa.String(255), nullable=True),
+    # Schema v14: the slot's fate, written in the attempt's own transaction while it still
+    # held the slot: `final` (given up: no replica starts the slot again until an operator's
+    # release), or `retry_at` (the job's retry policy: not before then, database time).
+    sa.Column("final", sa.Boolean(), nullable=True),
+    sa.Column("retry_at", UTCDateTime(), nullable=True),
     comment="One row per attempt at a slot (and per overlap skip or missed range), written "
     "outside the job's transaction: what `oncely explain` reads.",
 )
 sa.Index("oncely_attempts_slot", attempts.c.job, attempts.c.key)
 sa.Index("oncely_attempts_job_slot", attempts.c.job, attempts.c.slot)
 sa.Index("oncely_attempts_recorded_at", attempts.c.recorded_at)
+MARKED = sa.or_(attempts.c.final, attempts.c.retry_at.is_not(None))
+"""The attempts that decide whether their slot may start again (schema v14): given up, or
+failed with a retry time; what an attempt's claim looks up, by (job, key), and counts."""
+_partial_index("oncely_attempts_marked", attempts.c.job, attempts.c.key, where=MARKED)
 
 pauses = sa.Table(
     "oncely_pauses",

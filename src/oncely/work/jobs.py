@@ -273,8 +273,8 @@ class JobWorker:
                 if self.stopping.is_set():
                     self.scheduler.abandon(job, run.slots[index:])
                     return
-                status = await self._attempt_one(job, slot)
-                self.scheduler.finished(job, slot, status, self.now())
+                status, retry_at = await self._attempt_one(job, slot)
+                self.scheduler.finished(job, slot, status, self.now(), retry_at)
                 if status is None and self._outage is not None:
                     for rest in run.slots[index + 1 :]:
                         self.scheduler.finished(job, rest, None, self.now())
@@ -285,8 +285,11 @@ class JobWorker:
         finally:
             self._wake.set()
 
-    async def _attempt_one(self, job: Job, slot: datetime) -> RunStatus | None:
-        """One attempt; the outcome, or None if the database failed (retried later)."""
+    async def _attempt_one(
+        self, job: Job, slot: datetime
+    ) -> tuple[RunStatus | None, datetime | None]:
+        """One attempt; the outcome, or None if the database failed (retried later), and
+        when the job's retry policy runs the slot again."""
         latency_ms = round((self.now() - slot).total_seconds() * 1000, 1)
         key = ""
         try:
@@ -303,7 +306,7 @@ class JobWorker:
                 )
         except DatabaseUnavailableError as exc:
             self._unavailable(exc)
-            return None
+            return None, None
         except Exception as exc:
             retry = isinstance(exc, OncelyError) and not isinstance(exc, ConfigError)
             events.emit(
@@ -317,13 +320,13 @@ class JobWorker:
                 replica=self.replica,
                 error=f"{type(exc).__name__}: {exc}",
             )
-            return None if retry else RunStatus.FAILED
+            return (None if retry else RunStatus.FAILED), None
         error = result.error
         if result.status is RunStatus.FAILED and error and self.store.is_unavailable(error):
             self._unavailable(error)
-            return None
+            return None, None
         self._available()
-        return result.status
+        return result.status, result.retry_at
 
     # -- database outages -----------------------------------------------------------------
 

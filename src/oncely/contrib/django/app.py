@@ -28,7 +28,7 @@ from ...errors import DatabaseError, DatabaseUnavailableError, OncelyError
 from ...masking import mask_secrets
 from ...model import RunStatus
 from ...registry import Job
-from ...runner import RAN, Outcome, Stage, not_claimed
+from ...runner import RAN, Outcome, Stage, fate_writer, not_claimed
 from ...schedule import Schedule
 from ...store import ClaimOutcome, ClaimRequest, Store, borrowed
 from .connection import database_url, default_alias, lent
@@ -39,6 +39,8 @@ _NOT_CLAIMED = {
     ClaimOutcome.BUSY: RunStatus.BUSY,
     ClaimOutcome.OVERLAP: RunStatus.OVERLAP,
     ClaimOutcome.TAKEN: RunStatus.SKIPPED,
+    ClaimOutcome.GIVEN_UP: RunStatus.GIVEN_UP,
+    ClaimOutcome.RETRY_WAIT: RunStatus.RETRY_WAIT,
 }
 
 
@@ -128,7 +130,9 @@ class Oncely(core.Oncely):
     async def _attempt(
         self, store: Store, job: Job, slot: datetime, request: ClaimRequest
     ) -> Outcome:
-        outcome = await asyncio.to_thread(attempt_in_django, self.alias, job, slot, request)
+        outcome = await asyncio.to_thread(
+            attempt_in_django, self.alias, job, slot, request, store
+        )
         if outcome.status is RunStatus.SKIPPED:
             await _record_duplicate(store, slot, request)
         return outcome
@@ -141,11 +145,15 @@ async def _record_duplicate(store: Store, slot: datetime, request: ClaimRequest)
         await store.control.duplicate(request.job, request.key, slot, request.claimed_by)
 
 
-def attempt_in_django(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
-    """One attempt at a slot on Django's connection `alias`: claim → call → commit."""
+def attempt_in_django(
+    alias: str, job: Job, slot: datetime, request: ClaimRequest, store: Store | None = None
+) -> Outcome:
+    """One attempt at a slot on Django's connection `alias`: claim → call → commit (a job
+    that raises: its work rolled back to the savepoint and the slot's fate recorded in the
+    same transaction, as the runner does, where `store` can build the record)."""
     close_old_connections()
     try:
-        return _attempt(alias, job, slot, request)
+        return _attempt(alias, job, slot, request, store)
     finally:
         close_old_connections()
 
@@ -161,7 +169,43 @@ def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
     return not_claimed(_NOT_CLAIMED[answer], claim)
 
 
-def _attempt(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Outcome:
+def _settle(
+    alias: str, store: Store | None, job: Job, slot: datetime, request: ClaimRequest, exc: Exception
+) -> Outcome:
+    """A job that raised, in its open atomic block: its fate recorded there (given up, or
+    retried by its policy), or, where that cannot be written, the block rolled back whole
+    (the slot is free)."""
+    failed = Outcome(RunStatus.FAILED, Stage.CALL, error=exc)
+    if store is None or not store.has_slot_fate or transaction.get_rollback(using=alias):
+        transaction.set_rollback(True, using=alias)
+        return failed
+
+    def fate(outcome: Outcome, *, final: bool, retry_at: datetime | None) -> tuple[Any, Any]:
+        ended = {
+            "job": request.job,
+            "key": request.key,
+            "slot": slot,
+            "replica": request.claimed_by,
+            "outcome": outcome.status.value,
+            "started_at": None,
+            "final": final or None,
+            "retry_at": retry_at,
+        }
+        return store.control.fate_record(None, ended, outcome.error)
+
+    write, decided = fate_writer(job, failed, fate)
+    try:
+        with lent(alias, f"job {request.job!r}") as conn:
+            borrowed.give_up(conn, request.job, request.key, write)
+    except Exception:
+        transaction.set_rollback(True, using=alias)
+        return failed
+    return decided(failed)
+
+
+def _attempt(
+    alias: str, job: Job, slot: datetime, request: ClaimRequest, store: Store | None = None
+) -> Outcome:
     stage = Stage.CLAIM
     try:
         with transaction.atomic(using=alias):
@@ -169,7 +213,10 @@ def _attempt(alias: str, job: Job, slot: datetime, request: ClaimRequest) -> Out
             if outcome is not None:
                 return outcome
             stage = Stage.CALL
-            job.func(slot)  # type: ignore[call-arg, misc]
+            try:
+                job.func(slot)  # type: ignore[call-arg, misc]
+            except Exception as exc:
+                return _settle(alias, store, job, slot, request, exc)
             stage = Stage.COMMIT
             with lent(alias, f"job {request.job!r}") as conn:
                 borrowed.finish(conn, request.job, request.key)
