@@ -17,13 +17,18 @@ claimed before it was due (`early`), and tasks that no live worker can run (`unr
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from .model import Attempt, Claim, Pause
+
+EARLY = timedelta(seconds=1)
+"""A claim this much before its slot's time is `early`. A worker fires by its own clock
+corrected to the database's (measured within a round trip), and `oncely run --now T` from an
+external scheduler starts at T by that scheduler's clock: a claim a few milliseconds before T
+is on time, one a second or more before it ran a slot that was not due."""
 
 SETTLE = timedelta(seconds=15)
 """A slot due this recently and not yet taken is `due`, not a finding: a worker's tick, a
@@ -35,6 +40,7 @@ ACCOUNTED = (
     "before_job",
     "running",
     "given_up",
+    "retry_wait",
     "released",
     "paused",
     "overlap",
@@ -43,24 +49,18 @@ ACCOUNTED = (
 )
 """The fates a slot may have; any other answer is a finding."""
 
-_ENDS = ("failed", "timeout", "cancelled")
-
-
-_LOST = re.compile(r"Unavailable|Connection|Interface|Operational|Shutdown")
-"""Error classes of an attempt that lost its database: a crash by the model, not a give-up."""
 
 
 def gives_up(record: Attempt) -> bool:
-    """Whether an attempt record gives its slot up for good (the model's final mark).
+    """Whether an attempt record gives its slot up for good: the final mark its attempt wrote
+    in its own transaction (schema 14), until an operator's release clears it. A crash (a
+    lost connection, SIGKILL) writes no mark: its slot is free again."""
+    return record.final
 
-    The one place that reads the mark: today an attempt that failed, timed out or was
-    cancelled is final (no retry policy for jobs yet), except one that failed because its
-    database connection was lost (a crash: the slot is free again); a record with a retry
-    scheduled will answer False here.
-    """
-    if record.outcome not in _ENDS:
-        return False
-    return not (record.outcome == "failed" and _LOST.search(record.error_class or ""))
+
+def waits_for_retry(record: Attempt, now: datetime) -> bool:
+    """Whether an attempt record holds its slot for the job's retry policy (`retry_at`)."""
+    return not record.final and record.retry_at is not None and record.retry_at > now
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ def _slot(
         return SlotFate(slot, key, "not_due"), []
     if ledger.first_seen is None or slot < ledger.first_seen:
         return SlotFate(slot, key, "before_job", at=ledger.first_seen), []
-    fate = _not_run(ledger, index, slot, key, records)
+    fate = _not_run(ledger, index, slot, key, records, now)
     if fate is not None:
         return fate, []
     if now - slot <= settle:
@@ -295,7 +295,7 @@ def _ran(
                     c.key,
                 )
             )
-        if c.claimed_at < slot:
+        if c.claimed_at < slot - EARLY:
             findings.append(
                 Finding(
                     "early",
@@ -336,7 +336,12 @@ def _given_up(
 
 
 def _not_run(
-    ledger: JobLedger, index: _Index, slot: datetime, key: str, records: list[Attempt]
+    ledger: JobLedger,
+    index: _Index,
+    slot: datetime,
+    key: str,
+    records: list[Attempt],
+    now: datetime,
 ) -> SlotFate | None:
     """The recorded reason a due slot did not run, if there is one."""
     running = [r for r in records if r.outcome is None and r.alive]
@@ -349,6 +354,10 @@ def _not_run(
         return SlotFate(
             slot, key, "given_up", by=given.replica, at=given.finished_at, detail=detail
         )
+    waiting = [r for r in records if waits_for_retry(r, now)]
+    if waiting:
+        w = waiting[-1]
+        return SlotFate(slot, key, "retry_wait", by=w.replica, at=w.retry_at, detail=w.error)
     released = [r for r in records if r.outcome == "ran"]
     if released or releases:
         at = releases[-1] if releases else released[-1].finished_at

@@ -377,6 +377,7 @@ def _partition(
         count += n
     return paused, slots, count, gaps[0][0] if gaps else floor
 
+
 _TRY_AGAIN = (RunStatus.BUSY, RunStatus.UNKNOWN, RunStatus.RETRY_WAIT)
 
 

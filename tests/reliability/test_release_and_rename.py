@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,35 @@ def test_rename_bad_input_is_exit_2(db_url: str, args: list[str]) -> None:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert snapshot(db_url) == before
+
+
+async def test_rename_carries_a_given_up_slot_to_the_new_name(db_url: str) -> None:
+    """A slot given up under OLD stays given up under NEW: its end record moves with the
+    claims, so the renamed job does not start it again."""
+    from oncely import Oncely, every
+
+    app = Oncely(db_url)
+    slot = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+
+    @app.job(every(minutes=1))
+    async def flaky(db, now):  # type: ignore[no-untyped-def]
+        if now == slot:
+            raise RuntimeError("gateway down")
+
+    @app.job(every(minutes=1))
+    async def flaky_v2(db, now):  # type: ignore[no-untyped-def]
+        return None
+
+    try:
+        await app.migrate()
+        with pytest.raises(RuntimeError):
+            await app.run("flaky", now=slot)
+        assert (await app.run("flaky", now=slot)).status.value == "given_up"
+        assert (await app.run("flaky", now=slot + timedelta(minutes=1))).status.value == "ran"
+        await app.rename("flaky", "flaky_v2", force=True)
+        assert (await app.run("flaky_v2", now=slot)).status.value == "given_up"
+        assert (await app.run("flaky_v2", now=slot + timedelta(minutes=1))).status.value == (
+            "skipped"
+        )
+    finally:
+        await app.aclose()

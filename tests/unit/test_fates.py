@@ -37,6 +37,9 @@ def record(
         "finished_at": None if outcome is None else t + timedelta(seconds=2),
         "recorded_at": t,
         "alive": alive,
+        # A failed, timed-out or cancelled end is final unless said otherwise: what the
+        # attempt's own transaction marks when it gives its slot up.
+        "final": outcome in ("failed", "timeout", "cancelled"),
     }
     fields.update(kw)
     return Attempt(**fields)  # type: ignore[arg-type]
@@ -104,7 +107,7 @@ def test_a_given_up_slot_is_accounted_for_and_a_run_after_it_is_a_finding() -> N
 
 def test_an_attempt_that_lost_its_database_gives_nothing_up() -> None:
     """A lost connection is a crash by the model: the slot is free again, and runs."""
-    lost = record(3, "failed", error_class="DatabaseUnavailableError")
+    lost = record(3, "failed", error_class="DatabaseUnavailableError", final=False)
     later = claim(3, at=timedelta(seconds=5))
     v = verdict(claims=[*(claim(i) for i in range(11) if i != 3), later], records=[lost])
     assert fates(v)[3] == "ran"
@@ -188,3 +191,12 @@ def test_waiting_tasks_no_live_worker_can_run_are_findings() -> None:
 def test_the_summary_counts_fates_and_findings() -> None:
     v = verdict(claims=[claim(i) for i in range(10)])
     assert v.summary() == "j: 12 slots (10 ran, 1 not_due, 1 due): all accounted for"
+
+
+def test_a_slot_waiting_for_its_retry_is_accounted_for() -> None:
+    """A failed attempt under the job's retry policy holds its slot until `retry_at`."""
+    later = SLOTS[3] + timedelta(hours=1)
+    waiting = record(3, "failed", final=False, retry_at=later, error="503")
+    v = verdict(claims=[claim(i) for i in range(11) if i != 3], records=[waiting])
+    assert fates(v)[3] == "retry_wait"
+    assert v.findings == ()

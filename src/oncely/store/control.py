@@ -590,6 +590,7 @@ class Control:
                     "(--force moves the keys it does not have)"
                 )
             moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
+            await conn.execute(sql.rename_fates(old, new))
             left = int(has_old) - moved
             forced = " (--force)" if force else ""
             await self._audit(conn, action, f"moved {moved} claims, left {left}{forced}")

@@ -176,6 +176,12 @@ def rename_claims(old: str, new: str) -> sa.Update:
     return sa.update(runs).where(runs.c.job == old, runs.c.key.not_in(taken)).values(job=new)
 
 
+def rename_fates(old: str, new: str) -> sa.Update:
+    """Carry a job's attempt records (its given-up marks and retry times with them) to a new
+    name, so that a slot given up under the old name is not started again under the new."""
+    return sa.update(attempts).where(attempts.c.job == old).values(job=new)
+
+
 def clear() -> sa.Delete:
     """Delete every claim (test databases only)."""
     return sa.delete(runs)

@@ -130,9 +130,7 @@ class Oncely(core.Oncely):
     async def _attempt(
         self, store: Store, job: Job, slot: datetime, request: ClaimRequest
     ) -> Outcome:
-        outcome = await asyncio.to_thread(
-            attempt_in_django, self.alias, job, slot, request, store
-        )
+        outcome = await asyncio.to_thread(attempt_in_django, self.alias, job, slot, request, store)
         if outcome.status is RunStatus.SKIPPED:
             await _record_duplicate(store, slot, request)
         return outcome
