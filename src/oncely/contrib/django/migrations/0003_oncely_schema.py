@@ -1,7 +1,9 @@
 """oncely's schema versions since 0002 (v11: every failed task attempt's error, v12: the
-NOTIFY trigger's transaction id, v13: the ack function), by the same function as 0001:
-`oncely migrate`'s steps, of which a database already migrated gets none again; and the
-model the admin reads each task's attempt history by (unmanaged, like 0001's)."""
+NOTIFY trigger's transaction id, v13: the ack function, v14: a slot's given-up mark, and the
+later ones of this release), by the same function as 0001: `oncely migrate`'s steps, of which a
+database already migrated gets none again; and the model the admin reads each task's attempt
+history by (unmanaged, like 0001's). A release that adds schema versions adds a migration
+that runs the same function again."""
 
 from __future__ import annotations
 
