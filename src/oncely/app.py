@@ -582,13 +582,15 @@ class Oncely:
         allow_future: bool = False,
     ) -> list[PlannedSlot]:
         """Every slot of `job` in [start, end) with what `backfill` would do with it: `would
-        run`, `already ran` (its claim), `running now` (its attempt) or `not due` (later than
-        the database's clock: refused unless `allow_future`). Changes nothing."""
+        run`, `already ran` (its claim), `running now` (its attempt), `given up` (an attempt
+        failed, timed out or was cancelled: `oncely release` frees it first) or `not due`
+        (later than the database's clock: refused unless `allow_future`). Changes nothing."""
         slots = self.backfill_slots(job, start, end, max_slots)
         await self.store.ensure_schema()
         control = self.store.control
         claims = await control.claims(job, [key for _, key in slots])
         running = {a.key: a for a in await control.running(job)}
+        given_up = await control.given_up(job, [key for _, key in slots])
         db_now = await self.store.database_time()
         plan = []
         for slot, key in slots:
@@ -596,6 +598,8 @@ class Oncely:
                 plan.append(PlannedSlot(job, key, slot, "already ran", claim=claims[key]))
             elif key in running:
                 plan.append(PlannedSlot(job, key, slot, "running now", running=running[key]))
+            elif key in given_up:
+                plan.append(PlannedSlot(job, key, slot, "given up"))
             elif slot > db_now and not allow_future:
                 plan.append(PlannedSlot(job, key, slot, "not due"))
             else:

@@ -50,7 +50,6 @@ ACCOUNTED = (
 """The fates a slot may have; any other answer is a finding."""
 
 
-
 def gives_up(record: Attempt) -> bool:
     """Whether an attempt record gives its slot up for good: the final mark its attempt wrote
     in its own transaction (schema 14), until an operator's release clears it. A crash (a

@@ -226,8 +226,10 @@ class PlannedSlot:
     key: str
     slot: datetime
     action: str
-    """`would run`, `already ran` (see `claim`), `running now` (see `running`) or `not due`
-    (later than the database's clock: a backfill refuses it unless told to run it early)."""
+    """`would run`, `already ran` (see `claim`), `running now` (see `running`), `given up`
+    (an attempt failed, timed out or was cancelled: an operator's release frees it) or `not
+    due` (later than the database's clock: a backfill refuses it unless told to run it
+    early)."""
     claim: Claim | None = None
     running: Attempt | None = None
 

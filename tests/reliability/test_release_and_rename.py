@@ -177,3 +177,39 @@ async def test_rename_carries_a_given_up_slot_to_the_new_name(db_url: str) -> No
         )
     finally:
         await app.aclose()
+
+
+async def test_a_backfill_plan_shows_a_given_up_slot_until_it_is_released(db_url: str) -> None:
+    """A backfill does not offer to run a slot whose attempt gave it up: the plan says so, and
+    an operator's release makes it a slot the backfill runs."""
+    from oncely import Oncely, every
+
+    app = Oncely(db_url)
+    slot = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    calls: list[datetime] = []
+
+    @app.job(every(minutes=1))
+    async def flaky(db, now):  # type: ignore[no-untyped-def]
+        calls.append(now)
+        if len(calls) == 1:
+            raise RuntimeError("gateway down")
+
+    try:
+        await app.migrate()
+        with pytest.raises(RuntimeError):
+            await app.run("flaky", now=slot)
+        end = slot + timedelta(minutes=2)
+        plan = await app.backfill_plan("flaky", slot, end)
+        assert [p.action for p in plan] == ["given up", "would run"]
+        assert [r.status.value for r in await app.backfill("flaky", slot, end)] == ["ran"]
+        key = plan[0].key
+        claim, cleared = await app.release_slot("flaky", key)
+        assert claim is None and cleared
+        assert [p.action for p in await app.backfill_plan("flaky", slot, end)] == [
+            "would run",
+            "already ran",
+        ]
+        assert [r.status.value for r in await app.backfill("flaky", slot, end)] == ["ran"]
+        assert calls == [slot, slot + timedelta(minutes=1), slot]
+    finally:
+        await app.aclose()

@@ -399,6 +399,8 @@ def planned_row(p: PlannedSlot) -> list[str]:
         what = f"running now by {p.running.replica} since {iso(p.running.started_at)}"
     elif p.action == "not due":
         what = "not due (later than the database's clock)"
+    elif p.action == "given up":
+        what = "given up (an attempt failed or was cancelled: `oncely release` frees it)"
     return [iso(p.slot), p.key, what]
 
 

@@ -446,6 +446,15 @@ class Control:
                 found[row.key] = claim_from_row(row)
         return found
 
+    async def given_up(self, job: str, keys: Sequence[str]) -> set[str]:
+        """The keys, among some slots of a job, whose slot an attempt gave up (until an
+        operator's release clears the mark)."""
+        found: set[str] = set()
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start : start + 500])
+            found.update(row.key for row in await self.store._read(sql.given_up_of(job, chunk)))
+        return found
+
     # -- a job's ledger over a window: what `oncely verify` checks ------------------------
 
     async def seen_jobs(self, names: Sequence[str]) -> None:

@@ -165,6 +165,15 @@ def claims_of(job: str, keys: list[str]) -> sa.Select[Any]:
     return sa.select(runs).where(runs.c.job == job, runs.c.key.in_(keys))
 
 
+def given_up_of(job: str, keys: list[str]) -> sa.Select[Any]:
+    """The keys, among some slots of one job, that an attempt gave up (final, not released)."""
+    return (
+        sa.select(attempts.c.key)
+        .where(attempts.c.job == job, attempts.c.key.in_(keys), attempts.c.final)
+        .distinct()
+    )
+
+
 def claim_count(job: str) -> sa.Select[Any]:
     """How many claims a job has."""
     return sa.select(sa.func.count()).select_from(runs).where(runs.c.job == job)
