@@ -111,6 +111,22 @@ async def test_release_deletes_the_claim_and_is_audited(web: Web) -> None:
     assert web.audit() == [("release", f"hourly {key}", "ana@ops", "released")]
 
 
+async def test_release_frees_a_given_up_slot_and_is_audited(web: Web) -> None:
+    """A slot whose attempt failed has no claim but a given-up mark: the dashboard's release
+    clears it (the slot runs again), not "nothing released"."""
+    board = web.board(permissions=_ana)
+    slot = web.last_hour(2)
+    with pytest.raises(RuntimeError):
+        await web.app.run("boom", slot)
+    assert (await web.app.run("boom", slot)).status.value == "given_up"
+    key = web.app.registry.job("boom").key_for(slot)
+    r = await board.post("/jobs/boom/release", key=key)
+    assert "released boom" in await _flash(board, r)
+    assert web.audit()[-1] == ("release", f"boom {key}", "ana@ops", "released (given up)")
+    with pytest.raises(RuntimeError):  # free again: the job is called, and raises again
+        await web.app.run("boom", slot)
+
+
 async def test_cancel_with_nothing_running_is_a_clear_error_and_changes_nothing(web: Web) -> None:
     board = web.board(permissions=_ana)
     before = web.snapshot()

@@ -174,8 +174,8 @@ async def release(settings: Settings, request: Request, access: Access, form: Fo
     key = _field(form, "key")
     if key is None:
         raise BadInputError("release needs the slot's key: nothing changed")
-    claim = await app.release(name, key, actor=access.actor, reason=_reason(form))
-    if claim is None:
+    claim, given_up = await app.release_slot(name, key, actor=access.actor, reason=_reason(form))
+    if claim is None and not given_up:
         raise BadInputError(f"{name} has no claim with key {key!r}: nothing released")
     return redirect(request, f"/jobs/{name}", f"released {name} {key}: the slot can run again")
 
