@@ -13,7 +13,7 @@ import click
 from ..app import Oncely
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
 from ..masking import mask_secrets
-from ..model import TaskHistory, TaskRecord, TaskState
+from ..model import UNRUNNABLE, TaskHistory, TaskRecord, TaskState
 from . import EXIT_UNKNOWN, Context, handled, render, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -129,6 +129,8 @@ def _list(
     else:
         headers = ["ID", "TASK", "STATE", "ATTEMPT", "RUN AT / FINISHED", "KEY", "LAST ERROR"]
         click.echo(render.table(headers, render.task_rows(records)))
+    for line in _unrunnable_notes(records):
+        click.echo(line, err=as_json)
     for name, waiting in sorted(stranded.items()):
         if task_name is None or name == task_name:
             click.echo(
@@ -137,6 +139,23 @@ def _list(
                 "worker of another app)",
                 err=as_json,
             )
+
+
+def _unrunnable_notes(records: list[TaskRecord]) -> list[str]:
+    """A note per reason for the listed tasks that a worker handed back because it could not
+    run them (another release enqueued them): what they wait for."""
+    waiting: dict[tuple[str, str], list[int]] = {}
+    for rec in records:
+        error = rec.error or ""
+        if rec.state is TaskState.AVAILABLE and error.startswith(UNRUNNABLE):
+            why = error[len(UNRUNNABLE) :].split(" (", 1)[0]
+            waiting.setdefault((rec.task, why), []).append(rec.id)
+    return [
+        f"note: {task!r} task(s) {', '.join(map(str, sorted(ids)))} are {why}: a worker "
+        "handed them back uncounted because it cannot run them (another release enqueued "
+        "them); `oncely tasks show ID` says which worker and why"
+        for (task, why), ids in sorted(waiting.items())
+    ]
 
 
 _ACTOR = "Who does this, for the audit trail (default: user@host)."
