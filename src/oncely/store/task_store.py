@@ -534,6 +534,7 @@ class TaskStore:
         self.dialect = store.dialect
         self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
         self.ack_result_statement = tasks_sql.ack_with_result(self.dialect.now_sql())
+        self.begin_statement = tasks_sql.begin_attempt(self.dialect.now_sql())
         self._fetch: dict[tuple[tuple[str, ...] | None, float, tuple[str, ...] | None], Any] = {}
 
     def _fetch_statement(
@@ -697,14 +698,20 @@ class TaskStore:
                 return await self.lease(conn, queues, limit, token, by, lease, names, start)
 
     async def begin_attempts(self, leased: Sequence[Leased], engine: AsyncEngine) -> dict[int, int]:
-        """Count the attempts of leased-ahead tasks whose bodies start now, in one statement
-        per lease token; {id: attempt} of those whose lease is still this worker's."""
+        """Count the attempts of leased-ahead tasks whose bodies start now (one statement
+        each: mostly one task starts at a time, as another ends); {id: attempt} of those
+        whose lease is still this worker's."""
         counted: dict[int, int] = {}
+        stmt = self.begin_statement
         with self.store.translate():
-            async with engine.begin() as conn:
-                for token, ids in _by_token(leased).items():
-                    stmt = tasks_sql.begin_attempts(ids, token, self.dialect.now())
-                    counted.update((r.id, r.attempt) for r in await conn.execute(stmt))
+            async with engine.connect() as conn:
+                for item in leased:
+                    params = {"p_id": item.id, "p_token": item.token, **self.dialect.now_params()}
+                    rows = await self.dialect.rows_on_driver(conn, stmt, params)
+                    if rows is None:
+                        async with conn.begin():
+                            rows = list(await conn.execute(stmt, params))
+                    counted.update((r.id, r.attempt) for r in rows)
         return counted
 
     async def turn_away(

@@ -395,15 +395,16 @@ def fetch(
     )
 
 
-def begin_attempts(ids: Sequence[int], token: str, now: Any) -> Any:
-    """Count the attempts of leased tasks whose bodies start now (leased ahead, uncounted
-    until then), if their leases are still this worker's (a concurrency-limited task's: and
-    not run out); RETURNING (id, attempt) of each."""
-    return (
+def begin_attempt(now: Any) -> Any:
+    """Count the attempt of a leased task (:p_id) whose body starts now (leased ahead,
+    uncounted until then), if its lease (:p_token) is still this worker's (a concurrency-
+    limited task's: and not run out); RETURNING its id and attempt. Built once; on a
+    worker's control connection (asyncpg) it goes on the driver, as the lease does."""
+    return with_constants_inline(
         sa.update(tasks)
         .where(
-            tasks.c.id.in_(list(ids)),
-            tasks.c.lease_token == token,
+            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
             tasks.c.state == RUNNING,
             _live(now),
         )
