@@ -214,7 +214,10 @@ class Task:
     def unbound(self, args: Mapping[str, Any]) -> tuple[str, str] | None:
         """Why this release's function cannot take `args` (a task enqueued by another
         release): (what a worker that can needs, e.g. "accepts `currency`"; Python's
-        message), or None if they bind. Checked once per set of argument names."""
+        message), or None if they bind. Checked once per set of argument names. A task an
+        integration runs (`attempt`: Django's) keeps its call in its own shape: not checked."""
+        if self.attempt is not None:
+            return None
         names = frozenset(args)
         if names in self._bindable:
             return None

@@ -378,7 +378,8 @@ def fetch(
         .order_by(picked.c.priority.desc(), picked.c.run_at, picked.c.id)
         .limit(sa.bindparam("p_start", type_=sa.Integer()))
     )
-    starts = tasks.c.id.in_(first)
+    # A rate-limited task's start is its lease (its rate counts leases): counted at once.
+    starts = sa.or_(tasks.c.id.in_(first), tasks.c.rate.is_not(None))
     return with_constants_inline(
         sa.update(tasks)
         .where(tasks.c.id.in_(chosen))
