@@ -698,20 +698,25 @@ class TaskStore:
                 return await self.lease(conn, queues, limit, token, by, lease, names, start)
 
     async def begin_attempts(self, leased: Sequence[Leased], engine: AsyncEngine) -> dict[int, int]:
-        """Count the attempts of leased-ahead tasks whose bodies start now (one statement
-        each: mostly one task starts at a time, as another ends); {id: attempt} of those
-        whose lease is still this worker's."""
+        """Count the attempts of leased-ahead tasks whose bodies start now: one task with a
+        statement built once (on asyncpg, on the driver), several with one statement per
+        lease token; {id: attempt} of those whose lease is still this worker's."""
         counted: dict[int, int] = {}
-        stmt = self.begin_statement
         with self.store.translate():
             async with engine.connect() as conn:
-                for item in leased:
+                if len(leased) == 1:
+                    (item,) = leased
+                    stmt = self.begin_statement
                     params = {"p_id": item.id, "p_token": item.token, **self.dialect.now_params()}
                     rows = await self.dialect.rows_on_driver(conn, stmt, params)
                     if rows is None:
                         async with conn.begin():
                             rows = list(await conn.execute(stmt, params))
-                    counted.update((r.id, r.attempt) for r in rows)
+                    return {r.id: r.attempt for r in rows}
+                async with conn.begin():
+                    for token, ids in _by_token(leased).items():
+                        stmt = tasks_sql.begin_attempts(ids, token, self.dialect.now())
+                        counted.update((r.id, r.attempt) for r in await conn.execute(stmt))
         return counted
 
     async def turn_away(

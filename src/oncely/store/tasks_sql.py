@@ -414,6 +414,22 @@ def begin_attempt(now: Any) -> Any:
     )
 
 
+def begin_attempts(ids: Sequence[int], token: str, now: Any) -> Any:
+    """`begin_attempt` for several tasks of one lease token at once (a batch of starts);
+    RETURNING (id, attempt) of each counted."""
+    return (
+        sa.update(tasks)
+        .where(
+            tasks.c.id.in_(list(ids)),
+            tasks.c.lease_token == token,
+            tasks.c.state == RUNNING,
+            _live(now),
+        )
+        .values(attempt=tasks.c.attempt + 1, started_at=now)
+        .returning(tasks.c.id, tasks.c.attempt)
+    )
+
+
 def turn_away(ids: Sequence[int], token: str, until: Any, reason: str, *, counted: bool) -> Any:
     """Hand back tasks this worker cannot run (an unknown name, arguments that do not bind its
     function: an older release): available again at `until`, the attempt not counted (undone
