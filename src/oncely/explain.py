@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .model import Attempt, Claim, Explanation, Pause, TaskRecord, TaskState
+from .model import UNRUNNABLE, Attempt, Claim, Explanation, Pause, TaskRecord, TaskState
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -246,6 +246,12 @@ def explain_task(rec: TaskRecord, cancel: tuple[datetime, str] | None) -> tuple[
     attempts = f"{rec.attempt} attempt{'s' if rec.attempt != 1 else ''}"
     if rec.state is TaskState.SUCCEEDED:
         return "succeeded", f"{head} succeeded at {_iso(rec.finished_at)} after {attempts}."
+    if rec.state is TaskState.RUNNING and rec.started_at is None:
+        return "leased", (
+            f"{head} is leased by {rec.locked_by} and waits for room in that worker; its lease "
+            f"runs to {_iso(rec.lease_expires_at)} (attempt {rec.attempt + 1} counts when it "
+            "starts)."
+        )
     if rec.state is TaskState.RUNNING:
         asked = ""
         if cancel is not None:
@@ -255,6 +261,11 @@ def explain_task(rec: TaskRecord, cancel: tuple[datetime, str] | None) -> tuple[
             f"{_iso(rec.started_at)}, its lease runs to {_iso(rec.lease_expires_at)}{asked}."
         )
     if rec.state is TaskState.AVAILABLE:
+        if error.startswith(UNRUNNABLE):
+            return "unrunnable", (
+                f"{head} is {error[len(UNRUNNABLE) :]}; due again at {_iso(rec.run_at)}, "
+                f"after {attempts}."
+            )
         if rec.attempt == 0:
             return "waiting", f"{head} has not started yet: it is due at {_iso(rec.run_at)}."
         return "retrying", (

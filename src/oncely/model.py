@@ -96,6 +96,12 @@ class RunResult:
     free (its fate could not be recorded, or the worker shut down)."""
 
 
+UNRUNNABLE = "Unrunnable: "
+"""How the error of an available task starts when a worker handed it back, uncounted, because
+it could not run it (an unknown name, or arguments its function does not take: another
+release enqueued it); the rest says what a worker that can must accept and who could not."""
+
+
 class TaskState(str, enum.Enum):
     """Where a queued task is in its life."""
 

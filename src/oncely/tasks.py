@@ -229,6 +229,38 @@ class Task:
         """Call the function directly (no queue, no transaction handling): for unit tests."""
         return self.func(*args, **kwargs)
 
+    def unbound(self, args: Mapping[str, Any]) -> tuple[str, str] | None:
+        """Why this release's function cannot take `args` (a task enqueued by another
+        release): (what a worker that can needs, e.g. "accepts `currency`"; Python's
+        message), or None if they bind. Checked once per set of argument names. A task an
+        integration runs (`attempt`: Django's) keeps its call in its own shape: not checked."""
+        if self.attempt is not None:
+            return None
+        names = frozenset(args)
+        if names in self._bindable:
+            return None
+        try:
+            self._signature.bind(None, **args)
+        except TypeError as exc:
+            return self._wants(names), str(exc)
+        self._bindable.add(names)
+        return None
+
+    def _wants(self, names: frozenset[str]) -> str:
+        params = list(self._signature.parameters.values())[1:]  # after the session
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        named = {p.name for p in params if p.kind in kinds}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            unknown = sorted(names - named)
+            if unknown:
+                return "accepts " + ", ".join(f"`{n}`" for n in unknown)
+        empty = inspect.Parameter.empty
+        missing = sorted(p.name for p in params if p.kind in kinds and p.default is empty)
+        missing = [n for n in missing if n not in names]
+        if missing:
+            return "does not require " + ", ".join(f"`{n}`" for n in missing)
+        return "takes these arguments"
+
     # -- enqueueing ---------------------------------------------------------------------
 
     def entry(

@@ -584,3 +584,70 @@ async def test_give_back_of_tasks_that_never_ran_does_not_count_their_attempt(
     await store.tasks.give_back(leased, started=False)
     r = await row(store, task_id)
     assert (r.state, r.attempt, r.lease_token) == ("available", 0, None)
+
+
+# -- an attempt counts when its body starts ---------------------------------------------------
+
+
+async def test_a_lease_counts_the_attempts_of_the_first_start_tasks_only(store: Store) -> None:
+    made = [await put(store, n=i) for i in range(3)]
+    async with store.engine.connect() as conn:
+        leased = await store.tasks.fetch(conn, None, 10, "tok-a", BY, LONG, None, 1)
+    assert [(t.id, t.attempt, t.counted) for t in leased] == [
+        (made[0], 1, True),
+        (made[1], 0, False),
+        (made[2], 0, False),
+    ]
+    rows = [await row(store, task_id) for task_id in made]
+    assert [(r.state, r.attempt) for r in rows] == [("running", 1), ("running", 0), ("running", 0)]
+    assert rows[0].started_at is not None and rows[1].started_at is None
+
+
+async def test_begin_attempts_counts_a_leased_ahead_task_iff_its_lease_is_still_ours(
+    store: Store,
+) -> None:
+    made = [await put(store, n=i) for i in range(2)]
+    async with store.engine.connect() as conn:
+        leased = await store.tasks.fetch(conn, None, 10, "tok-a", BY, LONG, None, 0)
+    assert [t.attempt for t in leased] == [0, 0]
+    stolen = leased_as(leased[1], "tok-other")
+    counted = await store.tasks.begin_attempts([leased[0], stolen], store.engine)
+    assert counted == {made[0]: 1}
+    assert [(await row(store, i)).attempt for i in made] == [1, 0]
+    assert (await row(store, made[0])).started_at is not None
+
+
+async def test_give_back_and_rescue_of_a_leased_ahead_task_leave_its_attempt_uncounted(
+    store: Store,
+) -> None:
+    made = [await put(store, n=i) for i in range(2)]
+    async with store.engine.connect() as conn:
+        leased = await store.tasks.fetch(conn, None, 10, "tok-a", BY, 0.05, None, 0)
+    await hand_back(store, leased[:1], started=False)
+    assert (await row(store, made[0])).attempt == 0
+    deadline = asyncio.get_running_loop().time() + 10
+    while not await rescue(store):  # the other lease runs out: a worker that died
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+    assert [((r := await row(store, i)).state, r.attempt) for i in made] == [
+        ("available", 0),
+        ("available", 0),
+    ]
+
+
+async def test_turn_away_hands_a_task_back_uncounted_later_with_its_reason(store: Store) -> None:
+    made = [await put(store, n=i) for i in range(2)]
+    async with store.engine.connect() as conn:
+        leased = await store.tasks.fetch(conn, None, 10, "tok-a", BY, LONG, None, 1)
+    before = await now(store)
+    done = await store.tasks.turn_away(leased, 30.0, "Unrunnable: why", store.engine)
+    assert done == set(made)
+    for task_id in made:
+        r = await row(store, task_id)
+        assert (r.state, r.attempt, r.lease_token, r.error) == (
+            "available",
+            0,
+            None,
+            "Unrunnable: why",
+        )
+        assert r.run_at >= before + timedelta(seconds=29)

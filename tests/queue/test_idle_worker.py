@@ -264,13 +264,18 @@ async def three_workers(
             real = w._fetch
 
             async def counted(
-                want: int, stop: asyncio.Event, i: int = i, w: TaskWorker = w, real: Any = real
+                want: int,
+                stop: asyncio.Event,
+                start: int | None = None,
+                i: int = i,
+                w: TaskWorker = w,
+                real: Any = real,
             ) -> Any:
                 fetches[i] += 1
                 if hang is not None and await hang(w):
                     await stop.wait()  # until the worker stops
                     return []
-                return await real(want, stop)
+                return await real(want, stop, start)
 
             w._fetch = counted  # type: ignore[method-assign]
         yield workers, fetches

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..errors import BadInputError, DatabaseUnavailableError, PayloadError
-from ..model import TaskHistory, TaskRecord, TaskState
+from ..model import UNRUNNABLE, TaskHistory, TaskRecord, TaskState
 
 if TYPE_CHECKING:
     from ..app import Oncely
@@ -131,6 +131,8 @@ def _list(
     else:
         headers = ["ID", "TASK", "STATE", "ATTEMPT", "RUN AT / FINISHED", "KEY", "LAST ERROR"]
         render.echo(render.table(headers, render.task_rows(records)))
+    for line in _unrunnable_notes(records):
+        render.echo(line, err=as_json)
     for name, waiting in sorted(stranded.items()):
         if task_name is None or name == task_name:
             render.echo(
@@ -139,6 +141,23 @@ def _list(
                 "worker of another app)",
                 err=as_json,
             )
+
+
+def _unrunnable_notes(records: list[TaskRecord]) -> list[str]:
+    """A note per reason for the listed tasks that a worker handed back because it could not
+    run them (another release enqueued them): what they wait for."""
+    waiting: dict[tuple[str, str], list[int]] = {}
+    for rec in records:
+        error = rec.error or ""
+        if rec.state is TaskState.AVAILABLE and error.startswith(UNRUNNABLE):
+            why = error[len(UNRUNNABLE) :].split(" (", 1)[0]
+            waiting.setdefault((rec.task, why), []).append(rec.id)
+    return [
+        f"note: {task!r} task(s) {', '.join(map(str, sorted(ids)))} are {why}: a worker "
+        "handed them back uncounted because it cannot run them (another release enqueued "
+        "them); `oncely tasks show ID` says which worker and why"
+        for (task, why), ids in sorted(waiting.items())
+    ]
 
 
 _ACTOR = "Who does this, for the audit trail (default: user@host)."

@@ -73,6 +73,9 @@ class Leased:
     token: str
     trace: str | None = None
     """The trace context it was enqueued in (the propagator's headers as JSON), or None."""
+    counted: bool = True
+    """Whether `attempt` counts this attempt already: the lease counts the tasks that start
+    at once; a task leased ahead is counted when its body starts (`begin_attempts`)."""
 
 
 def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
@@ -531,6 +534,7 @@ class TaskStore:
         self.dialect = store.dialect
         self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
         self.ack_result_statement = tasks_sql.ack_with_result(self.dialect.now_sql())
+        self.begin_statement = tasks_sql.begin_attempt(self.dialect.now_sql())
         self._fetch: dict[tuple[tuple[str, ...] | None, float, tuple[str, ...] | None], Any] = {}
 
     def _fetch_statement(
@@ -570,11 +574,14 @@ class TaskStore:
         by: str,
         lease: float,
         names: Sequence[str] | None = None,
+        start: int | None = None,
     ) -> list[Leased]:
         """Lease up to `limit` due tasks in `conn`'s open transaction, highest priority first,
         then oldest; with `names`, only tasks of those names. Tasks over a concurrency or
-        rate limit are left waiting (their attempts not counted)."""
+        rate limit are left waiting (their attempts not counted). The attempts of the first
+        `start` (default: all) count now; the others' when their bodies start."""
         params: dict[str, Any] = {"p_limit": limit, "p_token": token, "p_by": by}
+        params["p_start"] = limit if start is None else start
         params["p_scan"] = 2 * limit + tasks_sql.SCAN
         params.update(self.dialect.now_params())
         if not self.dialect.database_clock:
@@ -590,7 +597,17 @@ class TaskStore:
             rows = await self._limited(conn, rows, token)
         rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
         return [
-            Leased(r.id, r.task, r.args, r.attempt, r.queue, token, r.trace_context) for r in rows
+            Leased(
+                r.id,
+                r.task,
+                r.args,
+                r.attempt,
+                r.queue,
+                token,
+                r.trace_context,
+                r.started_at is not None,
+            )
+            for r in rows
         ]
 
     async def _limited(self, conn: AsyncConnection, rows: list[Any], token: str) -> list[Any]:
@@ -599,9 +616,11 @@ class TaskStore:
         the groups' locks) and give back what is over; then record the rate starts."""
         if self.dialect.concurrent_leases:
             over = await self._over(conn, rows)
-            if over:
-                await conn.execute(tasks_sql.unlease(sorted(over), token))
-                rows = [r for r in rows if r.id not in over]
+            for counted in (True, False):
+                ids = [r.id for r in rows if r.id in over and (r.started_at is not None) is counted]
+                if ids:
+                    await conn.execute(tasks_sql.unlease(ids, token, counted=counted))
+            rows = [r for r in rows if r.id not in over]
         rated = [r for r in rows if r.rate is not None]
         if rated:
             groups = sorted({(r.task, r.rate_key) for r in rated})
@@ -612,8 +631,8 @@ class TaskStore:
                 {
                     "p_task": r.task,
                     "p_key": r.rate_key,
-                    "p_at": r.started_at,
-                    "p_until": r.started_at + timedelta(seconds=r.rate_period),
+                    "p_at": r.leased_at,
+                    "p_until": r.leased_at + timedelta(seconds=r.rate_period),
                 }
                 for r in rated
             ]
@@ -630,7 +649,7 @@ class TaskStore:
             over |= _beyond(concurrent, counts, "concurrency", own_counted=True)
         rated = _groups(rows, "rate", "rate_key")
         if rated:
-            earliest = min(r.started_at for r in rows if r.rate is not None)
+            earliest = min(r.leased_at for r in rows if r.rate is not None)
             stmt = tasks_sql.recent_starts(sorted(rated), earliest)
             counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
             over |= _beyond(rated, counts, "rate", own_counted=False)
@@ -670,11 +689,52 @@ class TaskStore:
         by: str,
         lease: float,
         names: Sequence[str] | None = None,
+        start: int | None = None,
     ) -> list[Leased]:
-        """Lease up to `limit` due tasks in a transaction of their own (the attempt counts)."""
+        """Lease up to `limit` due tasks in a transaction of their own (the attempts of the
+        first `start`, default all, count now)."""
         with self.store.translate():
             async with conn.begin():
-                return await self.lease(conn, queues, limit, token, by, lease, names)
+                return await self.lease(conn, queues, limit, token, by, lease, names, start)
+
+    async def begin_attempts(self, leased: Sequence[Leased], engine: AsyncEngine) -> dict[int, int]:
+        """Count the attempts of leased-ahead tasks whose bodies start now: one task with a
+        statement built once (on asyncpg, on the driver), several with one statement per
+        lease token; {id: attempt} of those whose lease is still this worker's."""
+        counted: dict[int, int] = {}
+        with self.store.translate():
+            async with engine.connect() as conn:
+                if len(leased) == 1:
+                    (item,) = leased
+                    stmt = self.begin_statement
+                    params = {"p_id": item.id, "p_token": item.token, **self.dialect.now_params()}
+                    rows = await self.dialect.rows_on_driver(conn, stmt, params)
+                    if rows is None:
+                        async with conn.begin():
+                            rows = list(await conn.execute(stmt, params))
+                    return {r.id: r.attempt for r in rows}
+                async with conn.begin():
+                    for token, ids in _by_token(leased).items():
+                        stmt = tasks_sql.begin_attempts(ids, token, self.dialect.now())
+                        counted.update((r.id, r.attempt) for r in await conn.execute(stmt))
+        return counted
+
+    async def turn_away(
+        self, leased: Sequence[Leased], wait: float, reason: str, engine: AsyncEngine
+    ) -> set[int]:
+        """Hand back tasks this worker cannot run, uncounted, due again in `wait` seconds
+        with `reason` as their error; the ids handed back."""
+        done: set[int] = set()
+        with self.store.translate():
+            async with engine.begin() as conn:
+                for counted in (True, False):
+                    group = [item for item in leased if item.counted is counted]
+                    for token, ids in _by_token(group).items():
+                        stmt = tasks_sql.turn_away(
+                            ids, token, self.dialect.after(wait), reason, counted=counted
+                        )
+                        done.update(r.id for r in await conn.execute(stmt))
+        return done
 
     async def next_due(
         self,
@@ -787,10 +847,13 @@ class TaskStore:
         never ran) does not count the attempt. (`release` is only ever a slot's claim.)"""
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
-                for token, ids in _by_token(leased).items():
-                    await conn.execute(
-                        tasks_sql.give_back(ids, token, self.dialect.now(), started=started)
-                    )
+                for counted in (True, False):
+                    group = [item for item in leased if item.counted is counted]
+                    keep = started or not counted
+                    for token, ids in _by_token(group).items():
+                        await conn.execute(
+                            tasks_sql.give_back(ids, token, self.dialect.now(), started=keep)
+                        )
                 await self.dialect.notify_tasks(conn)
 
     async def hand_back(
@@ -801,9 +864,11 @@ class TaskStore:
         handed: list[Any] = []
         with self.store.translate():
             async with (engine or self.store.engine).begin() as conn:
-                for token, ids in _by_token(leased).items():
-                    stmt = tasks_sql.hand_back(ids, token, self.dialect.now())
-                    handed += list(await conn.execute(stmt))
+                for counted in (True, False):
+                    group = [item for item in leased if item.counted is counted]
+                    for token, ids in _by_token(group).items():
+                        stmt = tasks_sql.hand_back(ids, token, self.dialect.now(), counted=counted)
+                        handed += list(await conn.execute(stmt))
                 if handed:
                     await self.dialect.notify_tasks(conn)
         return handed

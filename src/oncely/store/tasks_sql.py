@@ -125,7 +125,8 @@ FETCHED = (
     tasks.c.trace_context,
 )
 """What a lease reads back of each task: what it runs, its lease order, its limits and the
-trace it continues."""
+trace it continues; its started_at is NULL if the lease did not count its attempt (leased
+ahead: counted when it starts). A lease also reads back its own time (`leased_at`)."""
 
 
 def _due(
@@ -367,19 +368,85 @@ def fetch(
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
+    # The first :p_start in lease order start at once: their attempts count now (started_at
+    # set). The rest (leased ahead: started_at NULL) count when their bodies start
+    # (`begin_attempts`): a worker that dies before then spends none of their attempts.
+    # What the lease counted is read back from started_at, not from this subquery again:
+    # SQLite may evaluate RETURNING's expressions after rows changed.
+    first = (
+        sa.select(picked.c.id)
+        .order_by(picked.c.priority.desc(), picked.c.run_at, picked.c.id)
+        .limit(sa.bindparam("p_start", type_=sa.Integer()))
+    )
+    # A rate-limited task's start is its lease (its rate counts leases): counted at once.
+    starts = sa.or_(tasks.c.id.in_(first), tasks.c.rate.is_not(None))
     return with_constants_inline(
         sa.update(tasks)
         .where(tasks.c.id.in_(chosen))
         .values(
             state=RUNNING,
-            attempt=tasks.c.attempt + 1,
+            attempt=tasks.c.attempt + sa.case((starts, 1), else_=0),
             lease_token=sa.bindparam("p_token", type_=sa.String()),
             locked_by=sa.bindparam("p_by", type_=sa.String()),
-            started_at=now,
+            started_at=sa.case((starts, now), else_=sa.null()),
             lease_expires_at=until,
             finished_at=None,
         )
-        .returning(*FETCHED)
+        .returning(*FETCHED, sa.type_coerce(now, tasks.c.started_at.type).label("leased_at"))
+    )
+
+
+def begin_attempt(now: Any) -> Any:
+    """Count the attempt of a leased task (:p_id) whose body starts now (leased ahead,
+    uncounted until then), if its lease (:p_token) is still this worker's (a concurrency-
+    limited task's: and not run out); RETURNING its id and attempt. Built once; on a
+    worker's control connection (asyncpg) it goes on the driver, as the lease does."""
+    return with_constants_inline(
+        sa.update(tasks)
+        .where(
+            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
+            tasks.c.state == RUNNING,
+            _live(now),
+        )
+        .values(attempt=tasks.c.attempt + 1, started_at=now)
+        .returning(tasks.c.id, tasks.c.attempt)
+    )
+
+
+def begin_attempts(ids: Sequence[int], token: str, now: Any) -> Any:
+    """`begin_attempt` for several tasks of one lease token at once (a batch of starts);
+    RETURNING (id, attempt) of each counted."""
+    return (
+        sa.update(tasks)
+        .where(
+            tasks.c.id.in_(list(ids)),
+            tasks.c.lease_token == token,
+            tasks.c.state == RUNNING,
+            _live(now),
+        )
+        .values(attempt=tasks.c.attempt + 1, started_at=now)
+        .returning(tasks.c.id, tasks.c.attempt)
+    )
+
+
+def turn_away(ids: Sequence[int], token: str, until: Any, reason: str, *, counted: bool) -> Any:
+    """Hand back tasks this worker cannot run (an unknown name, arguments that do not bind its
+    function: an older release): available again at `until`, the attempt not counted (undone
+    if the lease `counted` it), `reason` recorded as the error. RETURNING the ids."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
+        .values(
+            state=AVAILABLE,
+            attempt=tasks.c.attempt - 1 if counted else tasks.c.attempt,
+            run_at=until,
+            lease_token=None,
+            locked_by=None,
+            lease_expires_at=None,
+            error=reason,
+        )
+        .returning(tasks.c.id)
     )
 
 
@@ -450,15 +517,15 @@ def recent_starts(groups: Sequence[tuple[str, str]], since: Any) -> sa.Select[An
     )
 
 
-def unlease(ids: Sequence[int], token: str) -> sa.Update:
+def unlease(ids: Sequence[int], token: str, *, counted: bool = True) -> sa.Update:
     """Undo this lease of tasks their group turned out to have no room for (a race another
-    leaser won): available again, the attempt not counted."""
+    leaser won): available again, the attempt not counted (undone if the lease `counted` it)."""
     return (
         sa.update(tasks)
         .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
         .values(
             state=AVAILABLE,
-            attempt=tasks.c.attempt - 1,
+            attempt=tasks.c.attempt - 1 if counted else tasks.c.attempt,
             lease_token=None,
             locked_by=None,
             lease_expires_at=None,
@@ -621,8 +688,9 @@ def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any, now: Any) -
 
 
 def give_back(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Update:
-    """Give back leased tasks now: ones that never started (a worker stopping) lose the
-    attempt; ones whose batch rolled back keep it."""
+    """Give back leased tasks now: the attempt the lease counted for ones that never started
+    (a worker stopping) is undone; `started` ones (or ones whose attempt was never counted)
+    keep the count they have."""
     return (
         sa.update(tasks)
         .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
@@ -641,16 +709,20 @@ CANCELLED = "Cancelled: the worker shut down before this attempt finished (not c
 """The error recorded on a task whose attempt a shutdown cancelled and handed back."""
 
 
-def hand_back(ids: Sequence[int], token: str, now: Any) -> Any:
+def hand_back(ids: Sequence[int], token: str, now: Any, *, counted: bool = True) -> Any:
     """Give back tasks whose attempts a shutdown cancelled (their work rolled back): available
-    now, the attempt not counted (it was not the task's fault), the error saying why.
-    RETURNING the ids handed back (a task another worker took over matches no row)."""
+    now, the attempt not counted (it was not the task's fault; undone if it was `counted`),
+    the error saying why. RETURNING the ids handed back (a task another worker took over
+    matches no row)."""
+    attempt: Any = tasks.c.attempt
+    if counted:
+        attempt = sa.case((tasks.c.attempt > 0, tasks.c.attempt - 1), else_=0)
     return (
         sa.update(tasks)
         .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
         .values(
             state=AVAILABLE,
-            attempt=sa.case((tasks.c.attempt > 0, tasks.c.attempt - 1), else_=0),
+            attempt=attempt,
             run_at=now,
             lease_token=None,
             locked_by=None,

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import itertools
 import json
@@ -40,6 +41,7 @@ from ..errors import (
     TaskCancelledError,
 )
 from ..identity import replica_id
+from ..model import UNRUNNABLE
 from ..retry import DEFAULT_POLICY
 from ..store import Store
 from ..store.session import violation
@@ -106,6 +108,19 @@ among the live workers again at once (not at its next sign of life), so that the
 ANSWERS_AT_MOST = 100
 """Notifications a worker says are answered in one payload, at most (the others then look at
 their turns)."""
+STALL_TICK_S = 0.25
+"""Seconds between a worker's looks at its own clock: after a stall (SIGSTOP, a suspended
+VM, an event loop blocked) the first look comes before the tasks the wake-up resumes, and
+cancels the attempts whose leases may have run out meanwhile."""
+STALL_S = 1.0
+"""Seconds between two looks at the clock that make a stall (the looks come every
+STALL_TICK_S when the event loop runs)."""
+UNRUNNABLE_WAIT_FIRST = 1.0
+UNRUNNABLE_WAIT_MAX = 10.0
+"""Seconds a task a worker cannot run waits before it is due again: the first time a worker
+hands it back, then doubling each time the same worker does, up to the max."""
+TURNED_AWAY_AT_MOST = 10_000
+"""Tasks a worker remembers having handed back as unrunnable (their growing delays)."""
 
 
 class TaskWorker:
@@ -132,6 +147,17 @@ class TaskWorker:
         self._counter = itertools.count()
         self._ready: collections.deque[Leased] = collections.deque()
         self._running: dict[int, asyncio.Task[None]] = {}
+        self._counting: set[asyncio.Task[dict[int, int]]] = set()
+        """Statements under way that count the attempts of leased-ahead tasks starting now."""
+        self._renewed: dict[int, float] = {}
+        """When (monotonic) the statement that last leased or renewed each held task was
+        sent: its lease runs at least `lease` seconds from then."""
+        self._stalled: set[int] = set()
+        """Running tasks whose attempts a stall cancelled (their leases may have run out)."""
+        self._ticked = time.monotonic()
+        self._tick: asyncio.TimerHandle | None = None
+        self._turned_away: dict[int, float] = {}
+        """The last delay of each task this worker handed back as unrunnable."""
         self._settles: list[tuple[Outcome, Settle]] = []
         self._cancelling: set[int] = set()
         """Running tasks an operator cancelled: their attempts are being stopped."""
@@ -279,6 +305,8 @@ class TaskWorker:
             asyncio.create_task(self._watch_cancels(closing)),
             asyncio.create_task(self._keep_listening(closing)),
         ]
+        self._ticked = time.monotonic()
+        self._tick = asyncio.get_running_loop().call_later(STALL_TICK_S, self._watch_clock)
         try:
             await self._lease(stopping)
             self._stopping = True
@@ -290,6 +318,9 @@ class TaskWorker:
                 raise self._crash
         finally:
             self._stopping = True
+            if self._tick is not None:
+                self._tick.cancel()
+                self._tick = None
             for turn in self._turns.values():
                 turn.cancel()
             self._turns.clear()
@@ -309,6 +340,8 @@ class TaskWorker:
         attempts were cancelled (their work rolled back) and those never started."""
         with contextlib.suppress(Exception):
             await self._flush(once=True)
+        # A count under way decides whether a handed-back task's attempt is undone.
+        await asyncio.gather(*self._counting, return_exceptions=True)
         await self._give_back_ready()
         await self._give_back()
         with contextlib.suppress(Exception):
@@ -333,13 +366,20 @@ class TaskWorker:
             self._woken.clear()
             self._room.clear()
             answering, self._answering = self._answering, []
-            self._leased_at = time.monotonic()
-            fetched = await self._fetch(want, stopping)
+            self._leased_at = sent = time.monotonic()
+            # The attempts of the tasks that start at once count with the lease; the others'
+            # when their bodies start (a worker that dies before spends none of them).
+            start = max(0, options.concurrency - len(self._running) - len(self._ready))
+            fetched = await self._fetch(want, stopping, start)
             leased = fetched or []
             for item in leased:
                 self.held[item.id] = item
-                self._ready.append(item)
+                self._renewed[item.id] = sent
+            runnable = self._runnable(leased)
+            self._ready.extend(runnable)
             self._dispatch()
+            if len(runnable) < len(leased):
+                await self._turn_away([i for i in leased if i not in runnable])
             if answering and fetched is not None and len(leased) < want and self._crash is None:
                 # The tasks start before the word goes out: they run up to their first
                 # wait (a statement, a call) before the word's statement takes the loop.
@@ -424,8 +464,11 @@ class TaskWorker:
             await _first(closing, timeout=retry)
             retry = min(retry * 2, LISTEN_RETRY_MAX_S)
 
-    async def _fetch(self, want: int, stopping: asyncio.Event) -> list[Leased] | None:
-        """Lease up to `want` due tasks; None if the lease failed (after a pause)."""
+    async def _fetch(
+        self, want: int, stopping: asyncio.Event, start: int | None = None
+    ) -> list[Leased] | None:
+        """Lease up to `want` due tasks (the attempts of the first `start` counted); None if
+        the lease failed (after a pause)."""
         options = self.options
         # A lease of tasks with a concurrency or rate limit is several statements (and
         # transaction-scoped locks of their groups): it needs a transaction of its own.
@@ -433,7 +476,14 @@ class TaskWorker:
         try:
             async with engine.connect() as conn:
                 return await self.store.tasks.fetch(
-                    conn, options.queues, want, self.token(), self.by, options.lease, self.names
+                    conn,
+                    options.queues,
+                    want,
+                    self.token(),
+                    self.by,
+                    options.lease,
+                    self.names,
+                    start,
                 )
         except (DatabaseUnavailableError, OSError) as exc:
             events.emit(
@@ -454,11 +504,119 @@ class TaskWorker:
         return None
 
     def _dispatch(self) -> None:
-        while self._ready and not self._stopping and len(self._running) < self.options.concurrency:
-            item = self._ready.popleft()
-            task = asyncio.create_task(self._attempt(item))
+        starting: list[Leased] = []
+        room = self.options.concurrency - len(self._running)
+        while self._ready and not self._stopping and len(starting) < room:
+            starting.append(self._ready.popleft())
+        uncounted = [item for item in starting if not item.counted]
+        counting = None
+        if uncounted:  # leased ahead: one statement counts their attempts before they start
+            counting = asyncio.create_task(self._begin_attempts(uncounted))
+            self._counting.add(counting)
+            counting.add_done_callback(self._counting.discard)
+        for item in starting:
+            task = asyncio.create_task(self._attempt(item, None if item.counted else counting))
             self._running[item.id] = task
             task.add_done_callback(functools.partial(self._ended, item.id))
+
+    async def _begin_attempts(self, items: list[Leased]) -> dict[int, int]:
+        """Count the attempts of leased-ahead tasks whose bodies start now; {id: attempt} of
+        those whose leases are still this worker's (the others are no longer its to run)."""
+        try:
+            counted = await self.store.tasks.begin_attempts(items, self.control)
+        except OncelyError as exc:  # uncounted: their leases run out, the rescuer hands them on
+            logger.debug("counting the attempts of starting tasks failed: %s", exc)
+            counted = {}
+        for item in items:
+            if item.id in counted and item.id in self.held:
+                self.held[item.id] = dataclasses.replace(
+                    item, attempt=counted[item.id], counted=True
+                )
+        return counted
+
+    # -- tasks this worker cannot run ---------------------------------------------------
+
+    def _runnable(self, leased: list[Leased]) -> list[Leased]:
+        """The leased tasks this worker can run: it registers their names and their
+        arguments bind its functions (another release may have enqueued them)."""
+        return [item for item in leased if self._cannot_run(item) is None]
+
+    def _cannot_run(self, item: Leased) -> str | None:
+        """Why this worker cannot run `item` (its error as handed back), or None."""
+        task = self.tasks.find(item.task)
+        if task is None:
+            wants, detail = "registers it", f"no task {item.task!r} is registered"
+        else:
+            unbound = task.unbound(item.args)
+            if unbound is None:
+                return None
+            wants, detail = unbound
+        head = f"waiting for a worker whose `{item.task}` {wants}"
+        if task is None:
+            head = f"waiting for a worker that registers `{item.task}`"
+        return f"{UNRUNNABLE}{head} ({self.id} cannot run it: {detail}; handed back uncounted)"
+
+    async def _turn_away(self, items: list[Leased]) -> None:
+        """Hand back tasks this worker cannot run, their attempts uncounted, due again after
+        a delay that doubles each time this worker hands the same task back."""
+        by_reason: dict[tuple[str, float], list[Leased]] = {}
+        if len(self._turned_away) > TURNED_AWAY_AT_MOST:
+            self._turned_away.clear()
+        for item in items:
+            last = self._turned_away.get(item.id)
+            wait = UNRUNNABLE_WAIT_FIRST if last is None else min(2 * last, UNRUNNABLE_WAIT_MAX)
+            self._turned_away[item.id] = wait
+            by_reason.setdefault((self._cannot_run(item) or UNRUNNABLE, wait), []).append(item)
+        for (reason, wait), group in by_reason.items():
+            try:
+                await self.store.tasks.turn_away(group, wait, reason, self.control)
+            except OncelyError as exc:  # their leases run out; the rescuer hands them on
+                logger.debug("handing back tasks this worker cannot run failed: %s", exc)
+            for item in group:
+                self.held.pop(item.id, None)
+                events.emit(
+                    "task.handed_back",
+                    "this worker cannot run it (another release enqueued it); handed back, "
+                    "attempt not counted",
+                    level=logging.WARNING,
+                    task=item.task,
+                    id=item.id,
+                    reason=reason.split(" (", 1)[0][len(UNRUNNABLE) :],
+                    wait=wait,
+                )
+
+    # -- stalls ---------------------------------------------------------------------------
+
+    def _watch_clock(self) -> None:
+        """A plain callback of the event loop, every STALL_TICK_S: after a stall (STALL_S or
+        more between two looks) it runs in the loop's first round, before the tasks that
+        round wakes go on, and cancels the running attempts whose leases may have run out
+        meanwhile (`lease` seconds since the statement that last renewed them was sent:
+        another worker may run them now); their transactions roll back, they end as a lost
+        lease."""
+        now = time.monotonic()
+        gap, self._ticked = now - self._ticked, now
+        self._tick = asyncio.get_running_loop().call_later(STALL_TICK_S, self._watch_clock)
+        if gap < STALL_S:
+            return
+        lease = self.options.lease
+        late = [
+            task_id
+            for task_id in self._running
+            if task_id not in self._stalled and now - self._renewed.get(task_id, now) >= lease
+        ]
+        for task_id in late:
+            self._stalled.add(task_id)
+            self._running[task_id].cancel()
+        if late:
+            events.emit(
+                "worker.stalled",
+                "this worker did not run for a while; the attempts whose leases may have run "
+                "out were cancelled before they went on",
+                level=logging.WARNING,
+                seconds=round(gap, 3),
+                cancelled=len(late),
+            )
 
     def _ended(self, task_id: int, task: asyncio.Task[None]) -> None:
         if self._running.get(task_id) is task:
@@ -468,10 +626,23 @@ class TaskWorker:
         self._room.set()
         self._dispatch()
 
-    async def _attempt(self, item: Leased) -> None:
+    async def _attempt(
+        self, item: Leased, counting: asyncio.Task[dict[int, int]] | None = None
+    ) -> None:
         try:
+            if counting is not None:
+                counted = await asyncio.shield(counting)
+                if item.id not in counted:  # the lease is no longer this worker's
+                    self.held.pop(item.id, None)
+                    self._emit(LeaseLost(item))
+                    return
+                item = dataclasses.replace(item, attempt=counted[item.id], counted=True)
             outcome = await self.run(item)
         except asyncio.CancelledError:
+            if item.id in self._stalled:  # a stall past the lease: nothing committed
+                self._stalled.discard(item.id)
+                self._record(LeaseLost(item))
+                return
             if item.id not in self._cancelling:
                 raise  # the shutdown's: handed back
             self._cancelling.discard(item.id)  # an operator's: rolled back, discarded
@@ -634,6 +805,10 @@ class TaskWorker:
             )
         for item in leased:
             self.held[item.id] = item
+        runnable = self._runnable(leased)
+        if len(runnable) < len(leased):
+            await self._turn_away([i for i in leased if i not in runnable])
+            leased = runnable
         gate = asyncio.Semaphore(options.concurrency)
 
         async def bounded(item: Leased) -> Outcome:
@@ -751,14 +926,20 @@ class TaskWorker:
             await _first(stopping, timeout=interval)
             if self.pool is not None:
                 await self.pool.trim(POOL_IDLE_S)
+            for task_id in [i for i in self._renewed if i not in self.held]:
+                del self._renewed[task_id]
             held = list(self.held.values())
             if not held:
                 continue
+            sent = time.monotonic()
             try:
                 renewed = await self.store.tasks.heartbeat(held, self.options.lease, self.control)
             except OncelyError as exc:
                 logger.debug("heartbeat failed: %s", exc)
                 continue
+            for task_id in renewed:
+                if task_id in self._renewed:
+                    self._renewed[task_id] = sent
             for item in held:
                 if item.id not in renewed and item.id in self.held:
                     logger.debug("lease of task %s not renewed (busy or lost)", item.id)
