@@ -165,6 +165,9 @@ EVENTS: dict[str, list[Update]] = {
         Update("oncely_run_duration_seconds", lambda f: (_job(f), "timeout"), "duration_ms"),
     ],
     "run.cancelled": _run("cancelled"),
+    # A slot an earlier attempt gave up, or whose retry is not due yet: not started.
+    "run.given_up": _run("given_up"),
+    "run.retry_wait": _run("retry_wait"),
     "run.paused": [  # the worker reports a range of paused slots at once (`count`)
         Update("oncely_runs_total", lambda f: (_job(f), "paused"), count="count")
     ],
