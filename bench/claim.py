@@ -151,7 +151,7 @@ def noop_app(url: str) -> tuple[Oncely, Step]:
     async def bench_app_run(db: Any, now: datetime) -> None:
         return None
 
-    base = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    base = datetime(2020, 1, 1, tzinfo=timezone.utc)
     seconds = itertools.count()
 
     async def step(_key: str) -> None:
@@ -241,7 +241,7 @@ async def postgres_cases(
         if got != 1:
             raise RuntimeError("raw insert lost a fresh key")
 
-    slot = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    slot = datetime(2020, 1, 1, tzinfo=timezone.utc)
 
     async def raw_run_sql(key: str) -> None:
         # app.run's own statements and round trips, sent by hand: BEGIN; lock-and-claim (which

@@ -205,7 +205,7 @@ async def fill(side: Side, claims: int, finished: int, queued: int) -> dict[str,
 # -- the measurements ---------------------------------------------------------------------
 
 Step = Callable[[Side], Awaitable[None]]
-BASE_SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+BASE_SLOT = datetime(2020, 1, 1, tzinfo=timezone.utc)
 
 
 async def claim_step(side: Side) -> None:

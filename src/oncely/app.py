@@ -220,12 +220,20 @@ class Oncely:
 
     # -- running ------------------------------------------------------------------------
 
-    async def attempt(self, job: str, now: datetime | None = None) -> RunResult:
+    async def attempt(
+        self, job: str, now: datetime | None = None, *, allow_future: bool = False
+    ) -> RunResult:
         """Run the slot due at `now` (default: the database's clock) once if nobody has; a job's
-        error comes back as `failed`."""
+        error comes back as `failed`.
+
+        A `now` naming a slot later than the database's clock (beyond `clock.FUTURE_SKEW`) is
+        refused (BadInputError, nothing run): run early, its claim would make the real slot
+        skip when it comes due. `allow_future=True` runs it on purpose (`run.future_allowed`)."""
         if now is None:
             self.registry.job(job)  # an unknown job fails before touching the database
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
+        else:
+            await self._refuse_future(job, now, allow_future)
         slot = self.slot(job, now)
         await self.store.ensure_schema()
         with contextlib.suppress(OncelyError):  # best effort: verify dates by claims too
@@ -234,7 +242,9 @@ class Oncely:
             self.store, self.registry.job(job), slot.at, slot.key, replica_id(), check_pause=True
         )
 
-    async def run(self, job: str, now: datetime | None = None) -> RunResult:
+    async def run(
+        self, job: str, now: datetime | None = None, *, allow_future: bool = False
+    ) -> RunResult:
         """Run the slot due at `now` once if nobody has; re-raise the job's error after rollback.
 
         Returns `ran`, `skipped` (claimed before: the job was not called), `busy` (someone
@@ -242,7 +252,7 @@ class Oncely:
         paused: not started). A timeout or a cancel raises JobTimeoutError or
         JobCancelledError after the rollback.
         """
-        result = await self.attempt(job, now)
+        result = await self.attempt(job, now, allow_future=allow_future)
         if result.status in _RAISED and result.error is not None:
             raise result.error
         return result
@@ -571,6 +581,34 @@ class Oncely:
                 )
             slots.append((slot, definition.key_for(slot)))
         return slots
+
+    async def _refuse_future(self, job: str, at: datetime, allow: bool) -> None:
+        """Refuse a slot later than the database's clock (beyond clock.FUTURE_SKEW) unless
+        `allow`. The host's clock answers first (a slot it calls due costs no round trip);
+        the database's decides a slot the host's clock calls ahead (a test clock stands in
+        for both)."""
+        slot = self.slot(job, at)
+        if slot.at - clock.utcnow() <= clock.FUTURE_SKEW:
+            return
+        db_now = clock.utcnow() if clock.is_set() else await self.store.database_time()
+        ahead = slot.at - db_now
+        if ahead <= clock.FUTURE_SKEW:
+            return
+        if not allow:
+            raise BadInputError(
+                f"{job} slot {slot.at.isoformat()} is {ahead.total_seconds():.0f} s ahead of "
+                f"the database's clock ({db_now.isoformat()}): running it now would claim it "
+                "early, and the real slot would then be skipped; allow it on purpose to run it"
+            )
+        events.emit(
+            "run.future_allowed",
+            "running a future slot on purpose: it will be skipped when due",
+            level=logging.WARNING,
+            job=job,
+            key=slot.key,
+            slot=slot.at.isoformat(),
+            database_now=db_now.isoformat(),
+        )
 
     async def backfill_plan(
         self,

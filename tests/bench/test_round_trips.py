@@ -19,7 +19,7 @@ import pytest
 
 from oncely import Oncely, RunStatus, every
 
-SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+SLOT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.mark.postgres

@@ -36,5 +36,5 @@ async def test_every_slot_and_task_of_a_fleet_is_accounted_for(
     report = await run(options)
     print("\n".join(report.lines()))
     print(report.summary())
-    assert report.slots > 100 and report.tasks > 20 and report.faults >= 1
+    assert report.slots > 100 and report.tasks >= 10 and report.faults >= 1
     assert report.ok, "\n".join([*report.lines(), report.summary()])

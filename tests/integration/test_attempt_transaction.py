@@ -24,7 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from oncely import JobTransactionError, Oncely, RunStatus, SchemaMissingError, every
 from oncely.store import normalize_url
 
-SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+SLOT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 class Base(DeclarativeBase):

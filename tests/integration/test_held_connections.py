@@ -25,7 +25,7 @@ from oncely.store.held import HOLD_AT_MOST
 
 pytestmark = pytest.mark.postgres
 
-SLOT = datetime(2030, 1, 1, tzinfo=timezone.utc)
+SLOT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def pid_app(url: str, pids: list[int]) -> Oncely:

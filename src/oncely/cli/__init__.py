@@ -307,7 +307,7 @@ def run(
     async def go(app: Oncely) -> RunResult:
         if at is not None:
             await _refuse_future(app, job, at, "--now", allow_future)
-        return await app.attempt(job, at)
+        return await app.attempt(job, at, allow_future=True)  # refused or allowed above
 
     result = obj.call(go)
     if as_json:

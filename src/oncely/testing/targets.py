@@ -180,7 +180,8 @@ class JobSlot:
         }
 
     async def deliver(self) -> Delivery:
-        result = await self.app.attempt(self.job, self.now)
+        # A test names its slot on purpose, past or future: the toolkit runs it as named.
+        result = await self.app.attempt(self.job, self.now, allow_future=True)
         error = f"{type(result.error).__name__}: {result.error}" if result.error else None
         return Delivery(status=result.status.value, key=result.key, error=error, pid=_pid())
 
