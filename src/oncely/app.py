@@ -23,7 +23,7 @@ from .errors import (
     ResultTimeoutError,
     TaskFailedError,
 )
-from .explain import explain_slot, explain_task
+from .explain import explain_slot, explain_task, span
 from .fates import SETTLE, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
 from .identity import default_actor, replica_id
 from .model import (
@@ -233,7 +233,7 @@ class Oncely:
             self.registry.job(job)  # an unknown job fails before touching the database
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         else:
-            await self._refuse_future(job, now, allow_future)
+            await self.refuse_future(job, now, allow=allow_future)
         slot = self.slot(job, now)
         await self.store.ensure_schema()
         with contextlib.suppress(OncelyError):  # best effort: verify dates by claims too
@@ -582,13 +582,24 @@ class Oncely:
             slots.append((slot, definition.key_for(slot)))
         return slots
 
-    async def _refuse_future(self, job: str, at: datetime, allow: bool) -> None:
-        """Refuse a slot later than the database's clock (beyond clock.FUTURE_SKEW) unless
-        `allow`. The host's clock answers first (a slot it calls due costs no round trip);
-        the database's decides a slot the host's clock calls ahead (a test clock stands in
-        for both)."""
+    async def refuse_future(
+        self,
+        job: str,
+        at: datetime,
+        *,
+        allow: bool = False,
+        by_database: bool = False,
+        named: str | None = None,
+        hint: str = "allow_future=True runs it on purpose",
+    ) -> None:
+        """Refuse (BadInputError) a slot later than the database's clock, beyond
+        `clock.FUTURE_SKEW`, unless `allow` (then `run.future_allowed` says so): run early,
+        its claim would make the real slot skip when it comes due. Without `by_database` the
+        host's clock answers first, so a slot it calls due costs no round trip; with it (what
+        `oncely run --now` asks, a host whose clock runs ahead included) the database's
+        clock decides. A test clock stands in for both. `named` and `hint` word the error."""
         slot = self.slot(job, at)
-        if slot.at - clock.utcnow() <= clock.FUTURE_SKEW:
+        if not by_database and slot.at - clock.utcnow() <= clock.FUTURE_SKEW:
             return
         db_now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         ahead = slot.at - db_now
@@ -596,9 +607,10 @@ class Oncely:
             return
         if not allow:
             raise BadInputError(
-                f"{job} slot {slot.at.isoformat()} is {ahead.total_seconds():.0f} s ahead of "
-                f"the database's clock ({db_now.isoformat()}): running it now would claim it "
-                "early, and the real slot would then be skipped; allow it on purpose to run it"
+                f"{named or job} names the slot {slot.at.isoformat()}, which is "
+                f"{span(ahead)} ahead of the database's clock ({db_now.isoformat()}): "
+                "running it now would claim it early, and the real slot would then be "
+                f"skipped; {hint}"
             )
         events.emit(
             "run.future_allowed",

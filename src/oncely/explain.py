@@ -40,7 +40,8 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def _span(delta: timedelta) -> str:
+def span(delta: timedelta) -> str:
+    """A length of time as a person reads it: 45s, 12m, 3h, 2d."""
     seconds = int(delta.total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= 2 * size:
@@ -100,7 +101,7 @@ def explain_slot(
         )
     if slot > now:
         fields |= {"due_in_s": round((slot - now).total_seconds(), 1)}
-        sentence = f"{head} is not due yet: it comes due in {_span(slot - now)}."
+        sentence = f"{head} is not due yet: it comes due in {span(slot - now)}."
         return Explanation(
             **base, answer="not_due", sentence=sentence, fields=fields, attempts=attempts
         )

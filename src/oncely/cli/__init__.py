@@ -12,12 +12,11 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -238,41 +237,6 @@ def cli(
     ctx.call_on_close(ctx.obj.close)
 
 
-def _span(delta: timedelta) -> str:
-    """A rough, readable length of time: 90s, 45m, 30h, 3d."""
-    seconds = delta.total_seconds()
-    for unit, size, above in (("d", 86400, 172800), ("h", 3600, 7200), ("m", 60, 120)):
-        if seconds >= above:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-async def _refuse_future(app: Oncely, job: str, at: datetime, option: str, allow: bool) -> None:
-    """Refuse a slot later than the database's clock (beyond clock.FUTURE_SKEW) unless
-    `allow`: run early, its claim would make the real slot skip when it comes due."""
-    slot = app.slot(job, at)
-    db_now = await app.store.database_time()
-    ahead = slot.at - db_now
-    if ahead <= clock.FUTURE_SKEW:
-        return
-    if not allow:
-        raise BadInputError(
-            f"{option} {at.isoformat()} names the slot {slot.at.isoformat()}, which is "
-            f"{_span(ahead)} ahead of the database's clock ({db_now.isoformat()}): "
-            "running it now would claim it early, and the real slot would then be skipped; "
-            "pass --allow-future to run it on purpose"
-        )
-    events.emit(
-        "run.future_allowed",
-        "running a future slot on purpose (--allow-future): it will be skipped when due",
-        level=logging.WARNING,
-        job=job,
-        key=slot.key,
-        slot=slot.at.isoformat(),
-        database_now=db_now.isoformat(),
-    )
-
-
 @cli.command()
 @click.argument("job")
 @click.option(
@@ -306,7 +270,14 @@ def run(
 
     async def go(app: Oncely) -> RunResult:
         if at is not None:
-            await _refuse_future(app, job, at, "--now", allow_future)
+            await app.refuse_future(
+                job,
+                at,
+                allow=allow_future,
+                by_database=True,
+                named=f"--now {at.isoformat()}",
+                hint="pass --allow-future to run it on purpose",
+            )
         return await app.attempt(job, at, allow_future=True)  # refused or allowed above
 
     result = obj.call(go)
