@@ -434,20 +434,7 @@ def turn_away(ids: Sequence[int], token: str, until: Any, reason: str, *, counte
     """Hand back tasks this worker cannot run (an unknown name, arguments that do not bind its
     function: an older release): available again at `until`, the attempt not counted (undone
     if the lease `counted` it), `reason` recorded as the error. RETURNING the ids."""
-    return (
-        sa.update(tasks)
-        .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
-        .values(
-            state=AVAILABLE,
-            attempt=tasks.c.attempt - 1 if counted else tasks.c.attempt,
-            run_at=until,
-            lease_token=None,
-            locked_by=None,
-            lease_expires_at=None,
-            error=reason,
-        )
-        .returning(tasks.c.id)
-    )
+    return _back(ids, token, counted, run_at=until, error=reason).returning(tasks.c.id)
 
 
 def next_due(
@@ -520,6 +507,12 @@ def recent_starts(groups: Sequence[tuple[str, str]], since: Any) -> sa.Select[An
 def unlease(ids: Sequence[int], token: str, *, counted: bool = True) -> sa.Update:
     """Undo this lease of tasks their group turned out to have no room for (a race another
     leaser won): available again, the attempt not counted (undone if the lease `counted` it)."""
+    return _back(ids, token, counted)
+
+
+def _back(ids: Sequence[int], token: str, counted: bool, **values: Any) -> sa.Update:
+    """Tasks of this lease available again, the lease's count of an attempt undone if it
+    `counted` one, with `values` besides."""
     return (
         sa.update(tasks)
         .where(tasks.c.id.in_(list(ids)), tasks.c.lease_token == token, tasks.c.state == RUNNING)
@@ -529,6 +522,7 @@ def unlease(ids: Sequence[int], token: str, *, counted: bool = True) -> sa.Updat
             lease_token=None,
             locked_by=None,
             lease_expires_at=None,
+            **values,
         )
     )
 
