@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from . import EXIT_JOB_FAILED, Context, handled, render
+from . import render
+from .common import EXIT_JOB_FAILED, Context, handled
 
 if TYPE_CHECKING:
     from ..demo import replay

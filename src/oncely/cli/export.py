@@ -19,7 +19,7 @@ import click
 
 from ..clock import utcnow
 from ..errors import BadInputError
-from . import Context, handled
+from .common import Context, handled
 
 if TYPE_CHECKING:  # each target's module is imported by its command: `--help` needs none
     from ..export.base import Export, UnsupportedScheduleError

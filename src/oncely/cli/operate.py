@@ -22,7 +22,8 @@ from ..model import RunResult, RunStatus
 if TYPE_CHECKING:
     from ..app import Oncely
 
-from . import EXIT_JOB_FAILED, Context, handled, known_job, parse_time, render, text_arg
+from . import render
+from .common import EXIT_JOB_FAILED, Context, handled, known_job, parse_time, text_arg
 
 ACTOR_HELP = "Who does this, for the audit trail (default: user@host)."
 _FAILED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED, RunStatus.UNKNOWN)

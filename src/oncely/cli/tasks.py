@@ -16,7 +16,8 @@ from ..model import UNRUNNABLE, TaskHistory, TaskRecord, TaskState
 if TYPE_CHECKING:
     from ..app import Oncely
 
-from . import EXIT_UNKNOWN, Context, handled, render, text_arg
+from . import render
+from .common import EXIT_UNKNOWN, Context, handled, text_arg
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

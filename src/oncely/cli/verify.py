@@ -13,7 +13,8 @@ from datetime import timedelta
 import click
 
 from ..fates import SETTLE, SlotFate, Verdict
-from . import EXIT_JOB_FAILED, Context, Finite, handled, known_job, parse_time, render
+from . import render
+from .common import EXIT_JOB_FAILED, Context, Finite, handled, known_job, parse_time
 
 
 def _slot_line(job: str, s: SlotFate) -> str:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import click
 
 from ..masking import mask_secrets
-from . import Context, fail, handled
+from .common import Context, fail, handled
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420

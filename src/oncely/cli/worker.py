@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import config
-from . import Context, Finite, handled
+from .common import Context, Finite, handled
 from .metrics import metrics_options, start_metrics
 
 

@@ -14,12 +14,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import sql, tasks_sql
 
 if TYPE_CHECKING:
-    from . import Store
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from .dialect import Dialect
+
+
+class Store(Protocol):
+    """What a read-back needs of the store: its engines and its dialect (a Protocol, so that
+    this module and the store that calls it do not import each other)."""
+
+    engine: AsyncEngine
+    dialect: Dialect
+
+    def dedicated_engine(self) -> AsyncEngine: ...
+
 
 CHECK_TRIES = 3
 """Tries to reach the database (a fresh connection each) before answering None."""
