@@ -112,6 +112,7 @@ def test_backfill_a_range_plan_then_apply(site: Site, page: Any) -> None:
 
     plan = page.get_by_test_id("backfill-plan")
     rows = plan.get_by_test_id("plan-row")
+    rows.first.wait_for()  # the plan's page has loaded (count() does not wait)
     assert rows.count() == 24
     actions = [rows.nth(i).get_attribute("data-action") for i in range(24)]
     assert actions.count("would run") == 21, actions
@@ -119,6 +120,7 @@ def test_backfill_a_range_plan_then_apply(site: Site, page: Any) -> None:
     assert len(claimed_slots(site, "nightly")) == 3  # a plan changes nothing
 
     page.get_by_test_id("backfill-apply").click()
+    page.get_by_test_id("flash").wait_for()
     assert page.get_by_test_id("flash").count() == 1
     claimed = claimed_slots(site, "nightly")
     assert claimed == [RANGE_START + timedelta(hours=h) for h in range(24)], claimed
