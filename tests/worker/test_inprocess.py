@@ -147,3 +147,40 @@ async def test_overlap_skip_never_runs_two_slots_of_a_job_at_once(db_url: str, s
     assert set(skipped) >= {"job", "key", "slot", "running", "replica"}
     ran_slots = {f["slot"] for f in named(seen, "run.ran", "slow")}
     assert not ran_slots & {f["slot"] for f in named(seen, "run.overlap_skipped")}
+
+
+async def test_a_driver_error_before_the_job_ran_leaves_the_slot_to_a_retry(
+    db_url: str, seen: Seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error of the attempt's machinery that escaped the store (asyncpg's "cannot switch
+    to state …" after a stall) is not the slot's fate: the worker tries the slot again, as
+    after a busy answer, and it runs once. Only a failing key function gives a slot up."""
+    import oncely.work.jobs as jobs_module
+
+    real = jobs_module.run_slot
+    failed: list[str] = []
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(args[3])  # the key of the first slot this worker attempts
+            raise RuntimeError("cannot switch to state 15; another operation is in progress")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "run_slot", flaky)
+    app = Oncely(db_url)
+
+    @app.job(every(seconds=1))
+    async def tick(db, now):  # type: ignore[no-untyped-def]
+        return None
+
+    await app.migrate()
+    async with app.worker():
+        await eventually(lambda: bool(failed) and failed[0] in ran_keys(seen, "tick"))
+    await app.aclose()
+    [error] = named(seen, "worker.attempt_error", "tick")
+    assert error["key"] == failed[0] and "cannot switch to state" in error["error"]
+    assert ran_keys(seen, "tick").count(failed[0]) == 1
+
+
+def ran_keys(seen: Seen, job: str) -> list[str]:
+    return [f["key"] for f in named(seen, "run.ran", job)]

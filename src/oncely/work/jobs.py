@@ -292,8 +292,11 @@ class JobWorker:
         when the job's retry policy runs the slot again."""
         latency_ms = round((self.now() - slot).total_seconds() * 1000, 1)
         key = ""
+        retry = True  # what failed is the attempt's machinery: the slot stays free, retried
         try:
+            retry = False  # a key function that raises is the job's own bug: given up
             key = job.key_for(slot)
+            retry = True
             with events.routine():  # another replica winning the slot is routine: DEBUG
                 result = await run_slot(
                     self.store,
@@ -308,7 +311,10 @@ class JobWorker:
             self._unavailable(exc)
             return None, None
         except Exception as exc:
-            retry = isinstance(exc, OncelyError) and not isinstance(exc, ConfigError)
+            # A driver's error that escaped the store (a connection whose protocol state a
+            # stall or a restart left behind) is not the slot's fate: another try, here or in
+            # another replica, decides it. A ConfigError or a failing key function is.
+            retry = retry and not isinstance(exc, ConfigError)
             events.emit(
                 "worker.attempt_error",
                 "the attempt failed before the job ran; "
