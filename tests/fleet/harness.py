@@ -429,8 +429,12 @@ class Fleet:
     async def _backfill_range(self, rng: random.Random) -> tuple[str, datetime, datetime]:
         """A past range of a job's slots, inside the run."""
         now = await self.db_now()
-        started = self.history.started or now
         job = rng.choice(("tick_all", "tick_latest", "flaky"))
+        # From the job's first appearance on (its first worker's start): a backfill of slots
+        # before it would make the slots between its range and that start look expected.
+        seen = self.rows("SELECT min(first_seen) FROM oncely_jobs WHERE name = :j", j=job)
+        started = utc(seen[0][0]) if seen and seen[0][0] is not None else now
+        started = started.replace(microsecond=0) + timedelta(seconds=1)
         end = max(now - timedelta(seconds=rng.randint(2, 15)), started + timedelta(seconds=2))
         end = min(end, now - timedelta(seconds=1))
         start = max(end - timedelta(seconds=rng.randint(3, 12)), started)
