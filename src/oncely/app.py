@@ -612,15 +612,7 @@ class Oncely:
                 "running it now would claim it early, and the real slot would then be "
                 f"skipped; {hint}"
             )
-        events.emit(
-            "run.future_allowed",
-            "running a future slot on purpose: it will be skipped when due",
-            level=logging.WARNING,
-            job=job,
-            key=slot.key,
-            slot=slot.at.isoformat(),
-            database_now=db_now.isoformat(),
-        )
+        _future_allowed(job, slot.key, slot.at, db_now)
 
     async def backfill_plan(
         self,
@@ -726,15 +718,7 @@ class Oncely:
         db_now = await self.store.database_time()
         ahead = [p for p in free if p.slot > db_now]
         for planned in ahead:
-            events.emit(
-                "run.future_allowed",
-                "running a future slot on purpose (allow_future): it will be skipped when due",
-                level=logging.WARNING,
-                job=planned.job,
-                key=planned.key,
-                slot=planned.slot.isoformat(),
-                database_now=db_now.isoformat(),
-            )
+            _future_allowed(planned.job, planned.key, planned.slot, db_now)
         return len(ahead)
 
     async def _backfill_one(self, definition: Job, planned: PlannedSlot) -> RunResult:
@@ -1012,4 +996,17 @@ def _build_store(database: Database) -> Store:
     raise ConfigError(
         f"Oncely() takes a database URL, an AsyncEngine or an async_sessionmaker, "
         f"not {type(database).__name__}"
+    )
+
+
+def _future_allowed(job: str, key: str, slot: datetime, db_now: datetime) -> None:
+    """The one event of a slot run ahead of the database's clock on purpose."""
+    events.emit(
+        "run.future_allowed",
+        "running a future slot on purpose: it will be skipped when due",
+        level=logging.WARNING,
+        job=job,
+        key=key,
+        slot=slot.isoformat(),
+        database_now=db_now.isoformat(),
     )
