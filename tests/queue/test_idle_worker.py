@@ -18,8 +18,8 @@ from sqlalchemy.engine import Engine
 
 from oncely import Oncely, TaskState
 from oncely.queue import worker
-from oncely.work import tasks as lanes
 from oncely.work.tasks import TaskWorker
+from oncely.work.tasks import timing as lanes
 
 pytestmark = pytest.mark.postgres
 
@@ -48,7 +48,7 @@ async def running(app: Oncely, **options: Any) -> AsyncIterator[TaskWorker]:
     task = asyncio.create_task(lanes_worker.consume(stopping))
     try:
         await until(
-            lambda: lanes_worker.listening and lanes_worker._looked is not None,
+            lambda: lanes_worker.listening and lanes_worker.leaser.looked is not None,
             "the worker to listen",
         )
         yield lanes_worker
@@ -247,21 +247,21 @@ async def three_workers(
     fetches: dict[int, int] = {i: 0 for i in range(3)}
     try:
         await until(
-            lambda: all(w.listening and w._turn[1] == 3 for w in workers),
+            lambda: all(w.listening and w.wakeups.place[1] == 3 for w in workers),
             "the three workers to listen and know each other",
         )
-        assert sorted(w._turn[0] for w in workers) == [0, 1, 2]
+        assert sorted(w.wakeups.place[0] for w in workers) == [0, 1, 2]
         await until(
             lambda: all(
-                w._looked is not None
-                and w._looked[0] == w._news
-                and w._looked[1] > time.monotonic() + 1
+                w.leaser.looked is not None
+                and w.leaser.looked[0] == w.wakeups.news
+                and w.leaser.looked[1] > time.monotonic() + 1
                 for w in workers
             ),
             "the three workers to be idle (each one's last look sees nothing due soon)",
         )
         for i, w in enumerate(workers):
-            real = w._fetch
+            real = w.leaser.fetch
 
             async def counted(
                 want: int,
@@ -277,7 +277,7 @@ async def three_workers(
                     return []
                 return await real(want, stop, start)
 
-            w._fetch = counted  # type: ignore[method-assign]
+            w.leaser.fetch = counted  # type: ignore[method-assign]
         yield workers, fetches
     finally:
         stopping.set()
@@ -313,22 +313,22 @@ async def test_idle_workers_answer_a_notification_in_turns_the_first_says_it_is_
 
     async with three_workers(app, monkeypatch) as (workers, fetches):
         for w in workers:
-            say = w._say_taken
+            say = w.listener.say_taken
 
             async def said(keys: list[str], say: Any = say) -> None:
                 order.append("taken")
                 await say(keys)
 
-            w._say_taken = said  # type: ignore[method-assign]
+            w.listener.say_taken = said  # type: ignore[method-assign]
         before = dict(fetches)
         key = await enqueued_with_key(app, probe)
-        waits = [w._turn_wait(key) for w in workers]
+        waits = [w.wakeups.wait(key) for w in workers]
         assert sorted(waits) == [0.0, 1.5, 3.0]
         first = waits.index(0.0)
         others = [i for i in range(3) if i != first]
         await until(lambda: ran == [1], "the task to run")
         await until(
-            lambda: all(not workers[i]._turns for i in others),
+            lambda: all(not workers[i].wakeups.waiting for i in others),
             "the others to hear that it is answered",
         )
         assert fetches[first] > before[first]
@@ -353,14 +353,14 @@ async def test_when_the_first_to_look_hangs_the_next_takes_the_task_at_its_turn(
     async def first_hangs(w: TaskWorker) -> bool:
         if not enqueuing.is_set():
             return False  # the workers' looks before the task
-        return w._turn_wait(await known) == 0.0
+        return w.wakeups.wait(await known) == 0.0
 
     async with three_workers(app, monkeypatch, first_hangs) as (workers, fetches):
         enqueuing.set()
         before = dict(fetches)
         key = await enqueued_with_key(app, probe)
         known.set_result(key)
-        waits = [w._turn_wait(key) for w in workers]
+        waits = [w.wakeups.wait(key) for w in workers]
         first, second = waits.index(0.0), waits.index(1.5)
         await until(lambda: ran == [1], "the task to run", 15)
         assert fetches[first] - before[first] == 1  # its lease hangs
@@ -383,16 +383,17 @@ async def test_only_a_worker_that_leases_the_same_queues_and_names_cancels_a_tur
     mine = worker(app, queues=["mail"])
     same = worker(app, queues=["mail"])
     other = worker(app, queues=["reports"])
-    assert mine._scope == same._scope != other._scope
-    mine._turn = (1, 2)
-    key = next(k for k in (str(n) for n in range(100)) if mine._turn_wait(k) > 0)
+    assert mine.wakeups.scope == same.wakeups.scope != other.wakeups.scope
+    mine.wakeups.place = (1, 2)
+    key = next(k for k in (str(n) for n in range(100)) if mine.wakeups.wait(k) > 0)
     mine.notify(key)
-    assert key in mine._turns  # waits for its turn
-    mine.notify(f"taken:{other._scope}:{key}")
-    assert key in mine._turns  # another scope's word: the turn stands
-    turn = mine._turns[key]
-    mine.notify(f"taken:{same._scope}:{key}")
-    assert key not in mine._turns and turn.cancelled()
+    assert key in mine.wakeups.waiting  # waits for its turn
+    mine.notify(f"taken:{other.wakeups.scope}:{key}")
+    assert key in mine.wakeups.waiting  # another scope's word: the turn stands
+    turn = mine.listener.timer
+    assert turn is not None  # armed for that turn
+    mine.notify(f"taken:{same.wakeups.scope}:{key}")
+    assert key not in mine.wakeups.waiting and turn.cancelled() and mine.listener.timer is None
 
 
 async def test_a_worker_that_starts_or_stops_is_in_the_others_turns_at_once(
@@ -404,15 +405,17 @@ async def test_a_worker_that_starts_or_stops_is_in_the_others_turns_at_once(
     monkeypatch.setattr(lanes, "ANNOUNCE_EVERY", 3600.0)
     app = pg_app
     async with running(app) as alone:
-        await until(lambda: alone._turn == (0, 1), "the first worker to know it is alone")
+        await until(lambda: alone.wakeups.place == (0, 1), "the first worker to know it is alone")
         async with running(app) as second:
             await until(
-                lambda: alone._turn[1] == 2 and second._turn[1] == 2,
+                lambda: alone.wakeups.place[1] == 2 and second.wakeups.place[1] == 2,
                 "both workers to know of each other",
                 timeout=10,
             )
-            assert sorted([alone._turn[0], second._turn[0]]) == [0, 1]
-        await until(lambda: alone._turn == (0, 1), "the first to know the second stopped", 10)
+            assert sorted([alone.wakeups.place[0], second.wakeups.place[0]]) == [0, 1]
+        await until(
+            lambda: alone.wakeups.place == (0, 1), "the first to know the second stopped", 10
+        )
 
 
 async def test_a_worker_alone_says_no_notification_is_answered(
@@ -427,7 +430,7 @@ async def test_a_worker_alone_says_no_notification_is_answered(
         ran.append(n)
 
     async with running(pg_app) as alone:
-        await until(lambda: alone._turn == (0, 1), "the worker to know it is alone")
+        await until(lambda: alone.wakeups.place == (0, 1), "the worker to know it is alone")
         statements.counting = True
         await enqueued_with_key(pg_app, probe)
         await until(lambda: ran == [1], "the task to run")

@@ -13,8 +13,8 @@ from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found
 
 from oncely import JobTransactionError, Oncely, RetryPolicy, TaskState
 from oncely.queue import list_tasks, retry_task, worker
-from oncely.work.outcome import LeaseLost, Outcome
 from oncely.work.tasks import TaskWorker
+from oncely.work.tasks.outcome import LeaseLost, Outcome
 
 INSERT = sa.text("INSERT INTO effects (n) VALUES (:n)")
 FAST = {"wait": 0.01, "backoff": "fixed", "jitter": 0}

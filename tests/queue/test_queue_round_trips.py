@@ -122,7 +122,7 @@ async def test_a_worker_whose_tasks_make_no_statement_holds_two_connections_whil
     a third one of the app's engine: its control and LISTEN connections, nothing else."""
     import asyncpg
 
-    from oncely.work import tasks as work_tasks
+    from oncely.work.tasks import timing as work_tasks
 
     app = pg_app
     monkeypatch.setattr(work_tasks, "CANCEL_CHECK_S", 0.02)

@@ -18,8 +18,8 @@ from oncely.errors import SchemaMissingError
 from oncely.queue import worker
 from oncely.store.migrations import applied_from
 from oncely.store.task_store import Leased, Settle
-from oncely.work.outcome import Outcome
 from oncely.work.tasks import TaskWorker
+from oncely.work.tasks.outcome import Outcome
 
 FAST = {"wait": 0.01, "backoff": "fixed", "jitter": 0}
 

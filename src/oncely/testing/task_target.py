@@ -29,8 +29,8 @@ from ..model import TaskRecord, TaskState
 from ..store import Store
 from ..tasks import Task
 from ..work.options import WorkerOptions
-from ..work.outcome import Dead, LeaseLost, Outcome, Succeeded
 from ..work.tasks import TaskWorker
+from ..work.tasks.outcome import Dead, LeaseLost, Outcome, Succeeded
 from .targets import Delivery, _point, database_url, reference, register_target_kind, resolve
 
 DEFAULT_LEASE = 2.0

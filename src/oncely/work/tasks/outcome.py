@@ -1,5 +1,6 @@
 """What a task's attempt came to, as values: one type per outcome, one function that maps
-"returned, or raised X under policy P" to it, and one store transition and one event each."""
+"returned, or raised X under policy P" to it, and one store transition (what is left to
+settle) and one event each. Pure: the settler (`settler.Settler`) writes them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..errors import TaskCancelledError
-from ..model import TaskState
-from ..retry import Discard, GiveUp, Retry, RetryPolicy
-from ..store.task_store import Leased, Settle
+from ...errors import TaskCancelledError
+from ...model import TaskState
+from ...retry import Discard, GiveUp, Retry, RetryPolicy
+from .connections import Leased, Settle
 
 Event = tuple[str, str, int, dict[str, Any]]
 """A log event: (event, text, level, fields)."""
@@ -100,9 +101,9 @@ def never_finished(item: Leased, policy: RetryPolicy) -> Dead | None:
     return Dead(item, 0.0, "attempts exhausted", None, text)
 
 
-def settle(outcome: Outcome) -> Settle | None:
-    """The store transition that records an outcome, or None if none is left to write (it
-    committed with the task's work, or the lease was lost)."""
+def left_to_settle(outcome: Outcome) -> Settle | None:
+    """The store transition that records an outcome (what settling it writes), or None if
+    none is left to write (it committed with the task's work, or the lease was lost)."""
     if isinstance(outcome, Succeeded):
         if outcome.settled:
             return None
