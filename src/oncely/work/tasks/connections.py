@@ -40,7 +40,7 @@ class WorkerConnections:
         self._control: AsyncEngine = store.engine
         """Where the worker's own statements run: one connection, no transaction of theirs
         waiting on the disk (a lost lease or heartbeat is simply taken again)."""
-        self._settling: AsyncEngine = store.engine
+        self._in_transactions: AsyncEngine = store.engine
         """The control connection's engine, in transactions."""
         self._listening: AsyncEngine = store.engine
         self._pool: TaskPool | None = None
@@ -55,8 +55,8 @@ class WorkerConnections:
     def open(self, pool_size: int) -> None:
         """The worker starts: its own pool of `pool_size`, control and LISTEN connections."""
         store = self._store
-        self._pool, self._settling = store.worker_engines(pool_size)
-        self._control = store.dialect.autocommit(self._settling)
+        self._pool, self._in_transactions = store.worker_engines(pool_size)
+        self._control = store.dialect.autocommit(self._in_transactions)
         self._listening = store.dedicated_engine()
 
     async def close_pool(self) -> None:
@@ -70,11 +70,11 @@ class WorkerConnections:
         pool = self._pool
         await self.close_pool()
         store = self._store
-        engines = {self._settling, self._listening} | ({pool.engine} if pool else set())
+        engines = {self._in_transactions, self._listening} | ({pool.engine} if pool else set())
         for engine in engines:
             if engine is not store.engine:
                 await engine.dispose()
-        self._control = self._settling = self._listening = store.engine
+        self._control = self._in_transactions = self._listening = store.engine
 
     @property
     def has_pool(self) -> bool:
@@ -125,7 +125,7 @@ class WorkerConnections:
         """Lease up to `limit` due tasks under `token` (the attempts of the first `start`
         counted). A lease of tasks with a concurrency or rate limit (`limited`) is several
         statements (and transaction-scoped locks of their groups): a transaction of its own."""
-        engine = self._settling if limited else self._control
+        engine = self._in_transactions if limited else self._control
         async with engine.connect() as conn:
             return await self._store.tasks.fetch(
                 conn, queues, limit, token, by, lease, names, start
