@@ -162,7 +162,7 @@ async def test_a_lost_lease_writes_no_error(app: Oncely) -> None:
 
     rec = await in_tx(app, lambda db: charge.enqueue(db))
     runner = worker(app)
-    async with runner.control.connect() as conn:
+    async with app.store.engine.connect() as conn:  # the worker's, outside `consume`
         (item,) = await app.store.tasks.fetch(conn, None, 1, "mine", "me", 30)
     stale = Leased(item.id, item.task, item.args, item.attempt, item.queue, "not-mine")
     failed = Settle(stale, TaskState.AVAILABLE, 0.0, "Transient: lost")
@@ -175,7 +175,7 @@ async def test_a_lost_lease_writes_no_error(app: Oncely) -> None:
     assert await error_rows(app, rec.id) == [(1, "Transient: x", "me")]
     # An operator's cancel (a discard the worker writes) is no failure: no history row.
     await app.retry_task(rec.id)
-    async with runner.control.connect() as conn:
+    async with app.store.engine.connect() as conn:  # the worker's, outside `consume`
         (item,) = await app.store.tasks.fetch(conn, None, 1, "again", "me", 30)
     cancel = Settle(item, TaskState.DISCARDED, None, "TaskCancelledError: x", kept=False)
     assert await app.store.tasks.settle([cancel]) == {rec.id}

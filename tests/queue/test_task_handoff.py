@@ -85,9 +85,9 @@ async def run_one_connection(
 ) -> None:
     """A worker with a pool of one connection until `done()`; its pool in `pools` meanwhile."""
     async with consuming(app, concurrency=concurrency, pool_size=1, poll=0.05) as w:
-        await until(lambda: w.pool is not None, "the pool")
-        assert w.pool is not None
-        pools.append(w.pool)
+        await until(lambda: w.conns.pool is not None, "the pool")
+        assert w.conns.pool is not None
+        pools.append(w.conns.pool)
         await until(done, what)
 
 
@@ -106,7 +106,7 @@ async def test_tasks_waiting_for_the_one_connection_begin_in_the_previous_commit
     ids = [r.id for r in recs]
     async with consuming(pg_app, concurrency=5, pool_size=1, poll=0.05) as w:
         await until(lambda: _all_succeeded(pg_app, ids), "five tasks")
-        assert w.pool is not None and w.pool.peak == 1
+        assert w.conns.pool is not None and w.conns.pool.peak == 1
     assert await effects(pg_app) == [0, 1, 2, 3, 4]
     # The first task began its own transaction; each of the others waited for the one
     # connection and found its transaction begun by the COMMIT before it.

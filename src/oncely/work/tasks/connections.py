@@ -77,9 +77,10 @@ class WorkerConnections:
         self._control = self._in_transactions = self._listening = store.engine
 
     @property
-    def has_pool(self) -> bool:
-        """Whether the pool is open (by `open`, or by an attempt outside it)."""
-        return self._pool is not None
+    def pool(self) -> TaskPool | None:
+        """The pool tasks' transactions take their connections from, while it is open (by
+        `open`, or by an attempt outside it)."""
+        return self._pool
 
     def _task_pool(self, size: int) -> TaskPool:
         if self._pool is None:  # a step outside `consume`: the store's own engine

@@ -156,7 +156,7 @@ class TaskWorker:
             async with gate:
                 return await self.run(item)
 
-        temporary = not self.conns.has_pool
+        temporary = self.conns.pool is None
         try:
             outcomes = list(await asyncio.gather(*(bounded(item) for item in leased)))
         except BaseException:
