@@ -924,16 +924,22 @@ class Oncely:
         return await self.store.control.audit(job, limit)
 
     async def prune(
-        self, older_than: timedelta, *, actor: str | None = None, reason: str | None = None
+        self,
+        older_than: timedelta,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
     ) -> dict[str, int]:
         """Delete finished tasks, claims, attempt records and ended pauses older than
-        `older_than`, in one audited transaction; how many of each."""
+        `older_than` before `now` (the database's clock by default), in one audited
+        transaction; how many of each."""
         if older_than <= timedelta(0):
             raise BadInputError(f"--older-than must be positive, got {older_than}")
         if older_than > MAX_AGE:
             raise BadInputError(f"older_than {older_than} is over {MAX_AGE.days // 365} years")
         await self.store.ensure_schema()
-        before = await self.store.database_time() - older_than
+        before = (_aware(now) if now else await self.store.database_time()) - older_than
         action = self._action("prune", None, f"older than {_age(older_than)}", actor, reason)
         return await self.store.control.prune(action, before)
 
