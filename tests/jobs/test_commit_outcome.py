@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from tests.conftest import _reset_postgres
-from tests.reliability.commit_cut import CommitCut
+from tests.jobs.commit_cut import CommitCut
 from tests.support import cli_on, engine_for
 
 NOW = "2026-12-01T10:00:00Z"
