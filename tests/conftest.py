@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio.selector_events
 import contextlib
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from tests.support import IN_CI
 
 PG_ADMIN_URL = os.environ.get(
     "ONCELY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sync_url(url: str) -> str:
@@ -84,21 +81,6 @@ def sync_engine(db_url: str) -> Iterator[sa.Engine]:
         engine = sa.create_engine(parsed.set(drivername="sqlite"))
     yield engine
     engine.dispose()
-
-
-def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run `python -m oncely ARGS` in a real process and capture its output."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 # oncely's own pytest plugin (also an entry point once installed; named after its module,

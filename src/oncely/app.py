@@ -24,7 +24,7 @@ from .errors import (
     TaskFailedError,
 )
 from .explain import explain_slot, explain_task, span
-from .fates import SETTLE, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
+from .fates import LEEWAY, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
 from .identity import default_actor, replica_id
 from .model import (
     Attempt,
@@ -723,7 +723,7 @@ class Oncely:
 
     async def _backfill_one(self, definition: Job, planned: PlannedSlot) -> RunResult:
         """Run one slot of a backfill; a slot someone holds (busy) or that waits for another
-        slot of the job (overlap) is tried again shortly, until it is settled."""
+        slot of the job (overlap) is tried again shortly, until it is decided."""
         deadline = time.monotonic() + BACKFILL_PATIENCE
         pause = 0.05
         while True:
@@ -762,7 +762,7 @@ class Oncely:
         *,
         since: datetime | None = None,
         until: datetime | None = None,
-        settle: timedelta = SETTLE,
+        leeway: timedelta = LEEWAY,
     ) -> Verdict:
         """Is every expected slot accounted for? Each slot of each job (all, or `jobs`) in
         [since, until] with its fate by the model (see oncely.fates), and every finding,
@@ -784,13 +784,13 @@ class Oncely:
                 f"bad window: --since {since.isoformat()} is after the database's now "
                 f"{end.isoformat()}"
             )
-        verdicts = [await self._verify_job(d, since, end, now, settle) for d in definitions]
+        verdicts = [await self._verify_job(d, since, end, now, leeway) for d in definitions]
         start = since if since is not None else end - VERIFY_WINDOW
         findings = unrunnable_findings(await self.unrunnable_tasks())
         return Verdict(start, end, now, tuple(verdicts), tuple(findings))
 
     async def _verify_job(
-        self, job: Job, since: datetime | None, until: datetime, now: datetime, settle: timedelta
+        self, job: Job, since: datetime | None, until: datetime, now: datetime, leeway: timedelta
     ) -> JobVerdict:
         control = self.store.control
         first = await control.first_seen(job.name)
@@ -820,7 +820,7 @@ class Oncely:
             pauses=await control.job_pauses(job.name),
             releases=rows.releases,
         )
-        return verify_job(ledger, now, settle)
+        return verify_job(ledger, now, leeway)
 
     async def cancel(
         self,
@@ -924,16 +924,22 @@ class Oncely:
         return await self.store.control.audit(job, limit)
 
     async def prune(
-        self, older_than: timedelta, *, actor: str | None = None, reason: str | None = None
+        self,
+        older_than: timedelta,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        now: datetime | None = None,
     ) -> dict[str, int]:
         """Delete finished tasks, claims, attempt records and ended pauses older than
-        `older_than`, in one audited transaction; how many of each."""
+        `older_than` before `now` (the database's clock by default), in one audited
+        transaction; how many of each."""
         if older_than <= timedelta(0):
             raise BadInputError(f"--older-than must be positive, got {older_than}")
         if older_than > MAX_AGE:
             raise BadInputError(f"older_than {older_than} is over {MAX_AGE.days // 365} years")
         await self.store.ensure_schema()
-        before = await self.store.database_time() - older_than
+        before = (_aware(now) if now else await self.store.database_time()) - older_than
         action = self._action("prune", None, f"older than {_age(older_than)}", actor, reason)
         return await self.store.control.prune(action, before)
 

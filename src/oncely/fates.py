@@ -6,7 +6,7 @@ A slot's fate, first match wins: ran (a claim) · not_due (later than the databa
 before_job (before the job's first appearance) · running (an attempt holds it) · given_up
 (its attempt failed, timed out or was cancelled, and is final) · released (an operator freed
 it) · paused (inside a pause) · overlap · missed (a recorded catch-up/grace note covers it) ·
-due (came due within `settle` seconds: a worker is about to take it).
+due (came due within `leeway` seconds: a worker is about to take it).
 
 A finding is anything the model does not allow: a due slot with no fate (`unaccounted`, or
 `died` when its only attempt's process died and nobody ran it again), a claim made under a
@@ -30,7 +30,7 @@ corrected to the database's (measured within a round trip), and `oncely run --no
 external scheduler starts at T by that scheduler's clock: a claim a few milliseconds before T
 is on time, one a second or more before it ran a slot that was not due."""
 
-SETTLE = timedelta(seconds=15)
+LEEWAY = timedelta(seconds=15)
 """A slot due this recently and not yet taken is `due`, not a finding: a worker's tick, a
 busy retry or a catch-up is about to take it."""
 
@@ -222,21 +222,21 @@ class _Index:
         )
 
 
-def verify_job(ledger: JobLedger, now: datetime, settle: timedelta = SETTLE) -> JobVerdict:
+def verify_job(ledger: JobLedger, now: datetime, leeway: timedelta = LEEWAY) -> JobVerdict:
     """The fate of each slot of `ledger.slots`, and the findings, at database time `now`."""
     index = _Index.of(ledger)
     fates: list[SlotFate] = []
     findings: list[Finding] = []
     for slot in ledger.slots:
         key = ledger.key_for(slot)
-        fate, found = _slot(ledger, index, slot, key, now, settle)
+        fate, found = _slot(ledger, index, slot, key, now, leeway)
         fates.append(fate)
         findings.extend(found)
     return JobVerdict(ledger.job, tuple(fates), tuple(findings), ledger.first_seen)
 
 
 def _slot(
-    ledger: JobLedger, index: _Index, slot: datetime, key: str, now: datetime, settle: timedelta
+    ledger: JobLedger, index: _Index, slot: datetime, key: str, now: datetime, leeway: timedelta
 ) -> tuple[SlotFate, list[Finding]]:
     claims = _claims_of(index, slot, key)
     records = index.records_by_key.get(key, [])
@@ -249,7 +249,7 @@ def _slot(
     fate = _not_run(ledger, index, slot, key, records, now)
     if fate is not None:
         return fate, []
-    if now - slot <= settle:
+    if now - slot <= leeway:
         return SlotFate(slot, key, "due"), []
     return _unaccounted(ledger.job, slot, key, records)
 

@@ -13,9 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from . import config
-from .errors import BadInputError, OncelyError, TaskStateError
 from .model import TaskRecord, TaskState
-from .store import Store
 from .work.tasks import TaskWorker
 
 DEFAULT_LEASE = config.LEASE
@@ -28,9 +26,6 @@ DEFAULT_POLL = config.POLL
 class App(Protocol):
     """What these functions use of an `Oncely`."""
 
-    @property
-    def store(self) -> Store: ...
-
     def task_worker(self, **options: Any) -> TaskWorker: ...
 
     async def consume(self, stopping: asyncio.Event, **options: Any) -> None: ...
@@ -40,6 +35,14 @@ class App(Protocol):
     ) -> list[TaskRecord]: ...
 
     async def unrunnable_tasks(self) -> dict[str, int] | None: ...
+
+    async def retry_task(self, task_id: int) -> TaskRecord: ...
+
+    async def discard_task(self, task_id: int) -> TaskRecord: ...
+
+    async def prune(
+        self, older_than: timedelta, *, now: datetime | None = None
+    ) -> dict[str, int]: ...
 
 
 def worker(app: App, **options: Any) -> TaskWorker:
@@ -72,44 +75,28 @@ async def unrunnable(app: App) -> dict[str, int] | None:
     return await app.unrunnable_tasks()
 
 
-# The three below write no audit row (as in 0.1.0); `Oncely.retry_task`, `discard_task` and
-# `prune`, which the CLI calls, write one.
+# The three below are `Oncely.retry_task`, `discard_task` and `prune`, which the CLI calls:
+# each writes its audit row in the action's own transaction, as they do.
 
 
 async def retry_task(app: App, task_id: int) -> TaskRecord:
-    """Run a dead, discarded or waiting task again now, with a fresh set of attempts."""
-    rec = await app.store.tasks.retry_now(task_id)
-    if rec is None:
-        raise _state_error(
-            await app.store.tasks.get(task_id), task_id, "retried", "dead, discarded or available"
-        )
-    return rec
+    """Run a dead, discarded or waiting task again now, with a fresh set of attempts (audited):
+    `app.retry_task(task_id)`."""
+    return await app.retry_task(task_id)
 
 
 async def discard_task(app: App, task_id: int) -> TaskRecord:
-    """Discard a task that has not succeeded; a running attempt of it then rolls back."""
-    rec = await app.store.tasks.discard(task_id)
-    if rec is None:
-        raise _state_error(
-            await app.store.tasks.get(task_id), task_id, "discarded", "available, running or dead"
-        )
-    return rec
-
-
-def _state_error(rec: TaskRecord | None, task_id: int, what: str, allowed: str) -> OncelyError:
-    if rec is None:
-        return BadInputError(f"no task with id {task_id}")
-    return TaskStateError(
-        f"task {task_id} ({rec.task}) is {rec.state.value}: only {allowed} tasks can be {what}"
-    )
+    """Discard a task that has not succeeded (audited); a running attempt of it then rolls
+    back: `app.discard_task(task_id)`."""
+    return await app.discard_task(task_id)
 
 
 async def prune(app: App, older_than: timedelta, now: datetime | None = None) -> tuple[int, int]:
-    """Delete tasks finished, and slot claims made, more than `older_than` ago.
+    """Delete what finished more than `older_than` before `now` (the database's clock by
+    default), as `app.prune` does, in one audited transaction; how many tasks and claims.
 
     A claim is what stops a slot from running twice: prune only claims older than the longest
     catch-up window plus retry horizon of any job, or an old slot could run again.
     """
-    if older_than <= timedelta(0):
-        raise BadInputError(f"--older-than must be positive, got {older_than}")
-    return await app.store.tasks.prune((now or await app.store.database_time()) - older_than)
+    counts = await app.prune(older_than, now=now)
+    return counts["tasks"], counts["claims"]

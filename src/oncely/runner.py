@@ -65,7 +65,7 @@ class Outcome:
     retry_at: datetime | None = None
     """For a failed attempt the job's retry policy retries: when (database time)."""
     final: bool = False
-    """A failed attempt given up: recorded final in its own transaction (see `_settle`)."""
+    """A failed attempt given up: recorded final in its own transaction (see `_record_fate`)."""
 
     @property
     def recorded(self) -> bool:
@@ -391,7 +391,7 @@ async def _call(
     return after_call(session.sync_session, error, "the job")
 
 
-async def _settle(
+async def _record_fate(
     store: Store, job: Job, session: AsyncSession, record: Record, outcome: Outcome
 ) -> Outcome:
     """A failed, timed-out or cancelled attempt's fate, recorded in its own transaction while
@@ -509,7 +509,7 @@ async def attempt_slot(
                 await record.claimed(job)
                 outcome = await _call(store, job, session, slot, Watch(store, job, record))
                 if outcome is not None:
-                    outcome = await _settle(store, job, session, record, outcome)
+                    outcome = await _record_fate(store, job, session, record, outcome)
             if outcome is None:
                 outcome = await _commit(store, session, request)
     except asyncio.CancelledError:  # the worker's shutdown: rolled back, the slot is free

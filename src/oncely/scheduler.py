@@ -4,7 +4,7 @@ The scheduled-job loop (work/jobs.py) hands this module the time and what the le
 answers with actions: run these slots, these slots were missed, this slot overlaps a running
 one. Tests drive it with an injected clock.
 
-Per job the scheduler keeps a *floor*: every slot at or before it is settled (run, handed to a
+Per job the scheduler keeps a *floor*: every slot at or before it is decided (run, handed to a
 run, skipped, or reported missed). The floor starts from the ledger, never from memory: the
 newest claimed slot of the job, or, for a job with no claims yet, the moment the worker
 started (so a new job's first slot is the first one due after the worker starts). Whenever
@@ -31,13 +31,13 @@ the claim's business and always on.
 Pauses are intervals [paused_at, resumed_at) of a job, handed in by the loop. A slot whose
 time lies inside a closed pause is reported paused (never run by the worker); slots before a
 pause and after its resume are due as usual, so catch-up across a pause covers both sides.
-A slot inside a pause still open is *held*: neither run nor settled, because the resume may
+A slot inside a pause still open is *held*: neither run nor decided, because the resume may
 land (its time is the database's clock of its statement, its commit may come later) before
 the slot's time. Once the pause is seen closed, the held slots are decided: inside it,
 paused; after its resume, due, every one of them (up to MAX_CATCH_UP, within the window),
 because a worker was alive and waiting for them.
 
-A slot found busy (someone holds it right now) is not settled: it is retried with a short,
+A slot found busy (someone holds it right now) is not decided: it is retried with a short,
 growing, jittered delay until someone claims it or it leaves the catch-up window (older than
 `grace`, or NONE_WINDOW for `none`), so a holder that dies mid-run does not lose the slot.
 """
@@ -126,7 +126,7 @@ class JobState:
 
     job: Job
     floor: datetime | None = None
-    """Every slot at or before this is settled; None until the ledger was read."""
+    """Every slot at or before this is decided; None until the ledger was read."""
     next_slot: datetime | None = None
     running: dict[datetime, int] = field(default_factory=dict)
     """Slots with an attempt in flight in this worker (slot -> how many)."""
@@ -137,7 +137,7 @@ class JobState:
     synced: bool = False
     """Whether the ledger was read since the last time more than one slot came due."""
     pauses: tuple[Pause, ...] = ()
-    """The job's pauses that may still cover an unsettled slot, oldest first."""
+    """The job's pauses that may still cover an undecided slot, oldest first."""
     held_until: datetime | None = None
     """While an open pause holds the next slot: when to look at the pauses again."""
 
@@ -224,7 +224,7 @@ class Scheduler:
         )
 
     def pause_floor(self) -> datetime | None:
-        """The oldest floor: a pause that ended at or before it covers no unsettled slot."""
+        """The oldest floor: a pause that ended at or before it covers no undecided slot."""
         floors = [s.floor for s in self.states.values() if s.floor is not None]
         return min(floors) if floors else None
 
@@ -307,7 +307,7 @@ class Scheduler:
         """Record one attempt's outcome; `busy`, `retry_wait` (the job's retry policy runs it
         later), `unknown` (a commit whose outcome could not be read back) or None (the
         database failed) is retried later: the claim decides. A failed attempt with a
-        `retry_at` (the policy's time) is tried again then; `given_up` is settled."""
+        `retry_at` (the policy's time) is tried again then; `given_up` is decided."""
         state = self.states[job.name]
         count = state.running.get(slot, 0) - 1
         if count > 0:

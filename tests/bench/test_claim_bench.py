@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 CASES = {
     "sqlite": ["raw sqlite3", "raw aiosqlite", "oncely.claim_run", "oncely app.run"],

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import IN_CI, ROOT
+from tests.support import IN_CI, ROOT
 
 pytestmark = pytest.mark.skipif(
     shutil.which("pg_createcluster") is None and not IN_CI,

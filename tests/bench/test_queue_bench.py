@@ -9,7 +9,8 @@ import sys
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import PG_ADMIN_URL, ROOT, _sync_url
+from tests.conftest import PG_ADMIN_URL, _sync_url
+from tests.support import ROOT
 
 ROWS = [
     "enqueue single, own transaction /s",

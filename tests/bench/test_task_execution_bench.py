@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import PG_ADMIN_URL, ROOT
+from tests.conftest import PG_ADMIN_URL
+from tests.support import ROOT
 
 SMALLEST = [
     "--tasks", "60", "--io-tasks", "60", "--io-lane-tasks", "20", "--io-concurrency", "30",

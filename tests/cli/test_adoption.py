@@ -8,26 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from tests.apps.adoption import create_tables
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, start_cli, wait_until
 
 APP = "tests.apps.adoption:app"
 FRIDAY = "2026-11-27T18:01:00-06:00"
-
-
-def wait_until(predicate: Callable[[], object], deadline: float = 30.0, what: str = "") -> None:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {deadline}s: {what}")
 
 
 @pytest.fixture
@@ -139,7 +128,7 @@ def test_a_task_that_succeeded_shows_no_last_error(
                 q = "SELECT count(*) FROM oncely_tasks WHERE state = 'succeeded' AND attempt = 2"
                 return conn.execute(sa.text(q)).scalar_one() == 1
 
-        wait_until(succeeded, what="the task to succeed on its second attempt")
+        wait_until(succeeded, "the task to succeed on its second attempt")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=60)
@@ -153,27 +142,13 @@ def test_a_task_that_succeeded_shows_no_last_error(
 
 
 def start_holder(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]:
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "oncely", "run", "close", "--now", FRIDAY],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_until(lambda: (tmp_path / f"started-{holder.pid}").exists(), what="the holder to start")
+    holder = start_cli("run", "close", "--now", FRIDAY, env=env)
+    wait_until(lambda: (tmp_path / f"started-{holder.pid}").exists(), "the holder to start")
     return holder
 
 
 def start_waiter(env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "oncely", "run", "close", "--now", FRIDAY, "--wait", "60", *extra],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli("run", "close", "--now", FRIDAY, "--wait", "60", *extra, env=env)
 
 
 def closes(engine: sa.Engine) -> int:
@@ -266,7 +241,7 @@ def test_replicas_racing_log_skipped_and_busy_at_debug(
                 q = "SELECT count(*) FROM oncely_runs WHERE job = 'tick'"
                 return int(conn.execute(sa.text(q)).scalar_one())
 
-        wait_until(lambda: ticks() >= 4, what="four slots of tick")
+        wait_until(lambda: ticks() >= 4, "four slots of tick")
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)

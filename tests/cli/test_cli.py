@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from tests.apps.leaderboard import create_tables
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 APP = "tests.apps.leaderboard:app"
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 HEAVY = ("sqlalchemy", "asyncio", "oncely.app", "oncely.runner", "oncely.store", "oncely.registry")
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
-from tests.conftest import ROOT, _reset_postgres, run_cli
+from tests.conftest import _reset_postgres
+from tests.support import ROOT, run_cli
 
 APP = "tests.apps.user_engine:jobs"
 SLOT = "2026-11-27T04:00:00+01:00"

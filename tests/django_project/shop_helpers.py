@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from tests.conftest import IN_CI, PG_ADMIN_URL
+from tests.conftest import PG_ADMIN_URL
+from tests.support import IN_CI
 
 HERE = Path(__file__).resolve().parent
 

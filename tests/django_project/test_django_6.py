@@ -19,8 +19,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.conftest import IN_CI, ROOT
 from tests.docs.test_install import clean_env, pypi, run
+from tests.support import IN_CI, ROOT
 
 __all__ = ["pypi"]  # the fixture, for this test
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 MARK = re.compile(r"^<!-- oncely:(runnable|not-runnable)(?:(?: file=(\S+))|:[^>]*)? -->$")

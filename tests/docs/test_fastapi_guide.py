@@ -12,15 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from tests.conftest import ROOT, _reset_postgres, _sync_url
+from tests.conftest import _reset_postgres, _sync_url
+from tests.support import ROOT, wait_until
 
 GUIDE = ROOT / "docs" / "how-to" / "fastapi.md"
 FAILING = """
@@ -44,15 +44,6 @@ def guide_app() -> str:
     )
     assert match, "docs/how-to/fastapi.md has no shop_api.py block"
     return match.group(1)
-
-
-def wait_until(predicate: Callable[[], object], deadline: float = 60.0, what: str = "") -> None:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {deadline}s: {what}")
 
 
 @pytest.fixture
@@ -87,7 +78,7 @@ def server(
 
     engine = sa.create_engine(_sync_url(postgres_database))
     try:
-        wait_until(up, what="uvicorn to serve")
+        wait_until(up, "uvicorn to serve")
         yield base, engine, proc
     finally:
         if proc.poll() is None:
@@ -129,7 +120,7 @@ def test_the_fastapi_guide_under_uvicorn_runs_each_receipt_once(
     assert len({a["task"] for a in both}) == 1
 
     done = "SELECT count(*) FROM oncely_tasks WHERE state = 'succeeded' AND attempt = 1"
-    wait_until(lambda: scalar(engine, done) == 2, what="the lifespan worker to run both tasks")
+    wait_until(lambda: scalar(engine, done) == 2, "the lifespan worker to run both tasks")
     assert scalar(engine, "SELECT count(*) FROM oncely_tasks") == 2
     assert scalar(engine, "SELECT count(*) FROM receipts WHERE order_id = 42") == 1
     assert scalar(engine, "SELECT count(*) FROM receipts WHERE order_id = 43") == 1

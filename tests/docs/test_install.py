@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import IN_CI, ROOT, _reset_postgres, _sync_url
+from tests.conftest import _reset_postgres, _sync_url
 from tests.docs.test_docs import blocks
+from tests.support import IN_CI, ROOT
 
 # Each builds a venv and installs from PyPI: minutes on a busy machine.
 pytestmark = [pytest.mark.install, pytest.mark.timeout(1200)]

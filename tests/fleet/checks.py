@@ -86,7 +86,7 @@ def run_verify(fleet: Fleet, history: History) -> tuple[int, dict[str, Any]]:
             APP,
             "verify",
             "--json",
-            "--settle",
+            "--leeway",
             "0",
             "--since",
             history.started.isoformat(),

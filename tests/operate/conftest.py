@@ -3,11 +3,9 @@ in real processes, and the effects and records the tests count."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,26 +13,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner
-from tests.conftest import ROOT, _reset_postgres, run_cli
-from tests.reliability.helpers import engine_for
-
-from oncely.cli import cli
+from tests.conftest import _reset_postgres
+from tests.support import ROOT, Ran, engine_for, invoke_cli, run_cli, start_cli
 
 APP = "tests.apps.operate_app:app"
 TABLES = """
 CREATE TABLE IF NOT EXISTS effects (job varchar(64) NOT NULL, slot varchar(64) NOT NULL,
                                     replica varchar(255) NOT NULL)
 """
-
-
-@dataclass
-class Ran:
-    """A finished command: its exit code and output."""
-
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 def iso(value: Any) -> str:
@@ -61,26 +47,11 @@ class Env:
     def cli(self, *args: str) -> Ran:
         """`oncely ARGS` in this process (click's runner: the same code, a faster start)."""
         sys.modules.pop(APP.split(":")[0], None)  # a new process would import the app anew
-        result = CliRunner().invoke(cli, ["--app", APP, "--database-url", self.db_url, *args])
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        return Ran(result.exit_code, result.stdout, result.stderr)
+        return invoke_cli("--app", APP, "--database-url", self.db_url, *args)
 
     def popen(self, *args: str, log: Path | None = None, **extra: str) -> subprocess.Popen[str]:
         """`oncely ARGS` started in the background (its output in `log`, or piped)."""
-        out: Any = log.open("w") if log is not None else subprocess.PIPE
-        try:
-            return subprocess.Popen(
-                [sys.executable, "-m", "oncely", *args],
-                cwd=ROOT,
-                env={**os.environ, **self.vars, **extra},
-                text=True,
-                stdout=out,
-                stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
-            )
-        finally:
-            if log is not None:
-                out.close()
+        return start_cli(*args, env={**self.vars, **extra}, log=log)
 
     def rows(self, query: str, **params: Any) -> list[Any]:
         with self.engine.connect() as conn:
@@ -128,13 +99,3 @@ def pg_env(postgres_database: str, tmp_path: Path) -> Iterator[Env]:
     yield e
     (tmp_path / "release").touch()
     e.engine.dispose()
-
-
-def wait_until(predicate: Callable[[], object], deadline: float = 30.0, what: str = "") -> None:
-    """Poll `predicate` until it is true, failing after `deadline` seconds."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {deadline}s: {what or predicate}")

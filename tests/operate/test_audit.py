@@ -69,12 +69,12 @@ def test_a_refused_action_says_so(env: Env) -> None:
 def test_release_of_a_running_slot_is_refused_unless_forced(env: Env) -> None:
     from pathlib import Path
 
-    from tests.operate.conftest import wait_until
+    from tests.support import wait_until
 
     assert env.cli("run", "hourly", "--now", SLOT).returncode == 0
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
-        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), 60, "hold to start")
+        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), "hold to start")
         refused = env.cli("release", "hold", SLOT)
         assert refused.returncode == 2 and "is running right now" in refused.stderr
     finally:

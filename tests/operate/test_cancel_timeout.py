@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.operate.conftest import Env, wait_until
-from tests.reliability.helpers import snapshot
+from tests.operate.conftest import Env
+from tests.support import snapshot, wait_until
 
 SLOT = "2026-11-30T10:00:00Z"
 
@@ -57,8 +57,8 @@ def test_cancel_stops_an_attempt_in_another_process_within_5_s(pg_env: Env) -> N
     env = pg_env
     holder = env.popen("run", "hold", "--now", SLOT, "--json")
     try:
-        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), 60, "hold to start")
-        wait_until(lambda: running(env), 30, "its start to be recorded (after 1 s)")
+        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), "hold to start")
+        wait_until(lambda: running(env), "its start to be recorded (after 1 s)", deadline=30)
         asked = env.cli("cancel", "hold", "--slot", SLOT, "--reason", "stuck", "--json")
         assert asked.returncode == 0, asked.stderr
         assert json.loads(asked.stdout)["status"] == "cancel requested"
@@ -91,7 +91,7 @@ def test_cancel_on_sqlite_is_refused_while_the_attempt_holds_the_write_lock(
         return  # Postgres: the test above
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
-        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), 60, "hold to start")
+        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), "hold to start")
         before = snapshot(env.db_url)
         refused = env.cli("cancel", "hold")
         assert refused.returncode == 2
@@ -125,7 +125,7 @@ def test_cancel_of_a_running_task_is_recorded_for_its_worker(pg_env: Env) -> Non
     log = env.tmp / "worker.log"
     worker = env.popen("worker", "--jobs", "hourly", log=log)
     try:
-        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), 60, "chore to start")
+        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), "chore to start")
         done = env.cli("tasks", "cancel", "1", "--actor", "ops@test")
         assert done.returncode == 0, done.stderr
         assert "cancel requested for task 1" in done.stdout

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.operate.conftest import Env, iso, wait_until
+from tests.operate.conftest import Env, iso
+from tests.support import wait_until
 
 SLOT = "2026-11-30T10:00:00Z"
 
@@ -64,7 +65,7 @@ def test_a_slot_that_was_cancelled(pg_env: Env) -> None:
     env = pg_env
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
-        wait_until(lambda: explain(env, "hold")["answer"] == "running", what="hold runs")
+        wait_until(lambda: explain(env, "hold")["answer"] == "running", "hold runs")
         assert env.cli("cancel", "hold", "--actor", "ops@test").returncode == 0
         assert holder.wait(timeout=10) == 1
     finally:
@@ -83,15 +84,15 @@ def test_a_slot_whose_worker_was_sigkilled(pg_env: Env) -> None:
     env = pg_env
     holder = env.popen("run", "hold", "--now", SLOT)
     try:
-        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), what="hold starts")
+        wait_until(lambda: Path(f"{env.tmp / 'release'}.started").exists(), "hold starts")
         # Its start is recorded once it has run 1 s.
-        wait_until(lambda: explain(env, "hold")["answer"] == "running", what="hold runs")
+        wait_until(lambda: explain(env, "hold")["answer"] == "running", "hold runs")
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
     finally:
         holder.communicate(timeout=30)
     # The server ends the dead client's session (and its slot lock) on its own time.
-    wait_until(lambda: explain(env, "hold")["answer"] == "died", what="the holder to be gone")
+    wait_until(lambda: explain(env, "hold")["answer"] == "died", "the holder to be gone")
     answer = explain(env, "hold")
     assert "never recorded an end" in answer["sentence"], answer
     assert env.effects("hold") == []
@@ -114,7 +115,7 @@ def test_slots_a_worker_dropped_or_skipped(env: Env) -> None:
                 len(env.rows("SELECT 1 FROM oncely_attempts WHERE outcome = 'overlap'")) >= 2
                 and env.rows("SELECT 1 FROM oncely_attempts WHERE job = 'graceless'")
             ),
-            what="overlap and grace records",
+            "overlap and grace records",
         )
     finally:
         worker.send_signal(signal.SIGTERM)

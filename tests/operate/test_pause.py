@@ -10,7 +10,8 @@ import signal
 from datetime import datetime, timedelta
 
 import pytest
-from tests.operate.conftest import Env, iso, wait_until
+from tests.operate.conftest import Env, iso
+from tests.support import wait_until
 
 STEP = timedelta(seconds=1)
 """One scheduling step of an every-second job: a slot a worker had already begun may start."""
@@ -25,7 +26,7 @@ def test_pause_stops_every_worker_and_resume_does_not_catch_up(env: Env) -> None
     logs = [env.tmp / f"worker-{n}.log" for n in range(3)]
     workers = [env.popen("worker", "--jobs", "tick", "--concurrency", "0", log=log) for log in logs]
     try:
-        wait_until(lambda: len(env.effects("tick")) >= 3, 120, "ticks from the workers")
+        wait_until(lambda: len(env.effects("tick")) >= 3, "ticks from the workers", deadline=120)
         paused = env.cli("pause", "tick", "--reason", "bad deploy", "--actor", "ops@test")
         assert paused.returncode == 0, paused.stderr
         assert paused.stdout.startswith("paused tick (by ops@test at "), paused.stdout
@@ -33,7 +34,9 @@ def test_pause_stops_every_worker_and_resume_does_not_catch_up(env: Env) -> None
         tick = next(j for j in listed if j.get("name") == "tick")
         paused_at = datetime.fromisoformat(tick["paused"]["paused_at"])
         # Three more slots come due while paused: none of them starts anywhere.
-        wait_until(lambda: env.db_now() > paused_at + 3.5 * STEP, 30, "three slots of pause")
+        wait_until(
+            lambda: env.db_now() > paused_at + 3.5 * STEP, "three slots of pause", deadline=30
+        )
         during = [s for s in slots(env) if s > paused_at + STEP]
         assert during == [], during
 
@@ -47,7 +50,8 @@ def test_pause_stops_every_worker_and_resume_does_not_catch_up(env: Env) -> None
         assert env.cli("resume", "tick", "--actor", "ops@test").returncode == 0
         resumed_at = env.db_now()
         wait_until(
-            lambda: len([s for s in slots(env) if s > resumed_at]) >= 2, 60, "ticks after resume"
+            lambda: len([s for s in slots(env) if s > resumed_at]) >= 2,
+            "ticks after resume",
         )
     finally:
         for worker in workers:
@@ -86,7 +90,7 @@ def test_pause_twice_is_refused_and_audited(env: Env) -> None:
 def test_run_json_says_paused(env: Env) -> None:
     assert env.cli("pause", "tick", "--reason", "maintenance").returncode == 0
     paused_at = _paused_at(env, "tick")
-    wait_until(lambda: env.db_now() >= paused_at + STEP, 10, "a slot inside the pause")
+    wait_until(lambda: env.db_now() >= paused_at + STEP, "a slot inside the pause", deadline=10)
     inside = (paused_at + STEP).replace(microsecond=0)
     done = env.cli("run", "tick", "--now", iso(inside), "--json")
     assert done.returncode == 0

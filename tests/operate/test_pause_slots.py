@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from tests.operate.conftest import Env, wait_until
+from tests.operate.conftest import Env
+from tests.support import wait_until
 
 SECOND = timedelta(seconds=1)
 
@@ -79,10 +80,10 @@ def test_worker_down_then_pause_then_worker_up_runs_every_slot_outside_the_pause
 ) -> None:
     log = env.tmp / "worker.log"
     worker = env.popen("worker", "--jobs", "tick", "--concurrency", "0", log=log)
-    wait_until(lambda: len(env.effects("tick")) >= 2, 120, "ticks from the worker")
+    wait_until(lambda: len(env.effects("tick")) >= 2, "ticks from the worker", deadline=120)
     stop(worker, log)
     last = ticks(env)[-1]
-    wait_until(lambda: env.db_now() > last + 8 * SECOND, 30, "eight slots with no worker")
+    wait_until(lambda: env.db_now() > last + 8 * SECOND, "eight slots with no worker", deadline=30)
     assert env.cli("pause", "tick", "--actor", "ops@test").returncode == 0
     paused_at, _ = pause_row(env)
     before = int((paused_at - last) / SECOND)  # the slots due while no worker ran
@@ -91,11 +92,12 @@ def test_worker_down_then_pause_then_worker_up_runs_every_slot_outside_the_pause
     try:
         # catch_up="all": the slots before the pause run, the pause holds the rest
         caught = [last + n * SECOND for n in range(1, before + 1)]
-        wait_until(lambda: set(caught) <= set(ticks(env)), 60, "the slots before the pause")
+        wait_until(lambda: set(caught) <= set(ticks(env)), "the slots before the pause")
         assert env.cli("resume", "tick", "--actor", "ops@test").returncode == 0
         resumed_at = resumed(env)
         wait_until(
-            lambda: len([s for s in ticks(env) if s >= resumed_at]) >= 3, 60, "ticks after resume"
+            lambda: len([s for s in ticks(env) if s >= resumed_at]) >= 3,
+            "ticks after resume",
         )
     finally:
         stop(worker, log)
@@ -108,10 +110,10 @@ def test_a_resume_whose_commit_lands_late_loses_nothing(pg_env: Env) -> None:
     log = env.tmp / "worker.log"
     worker = env.popen("worker", "--jobs", "tick", "--concurrency", "0", log=log)
     try:
-        wait_until(lambda: len(env.effects("tick")) >= 2, 120, "ticks from the worker")
+        wait_until(lambda: len(env.effects("tick")) >= 2, "ticks from the worker", deadline=120)
         assert env.cli("pause", "tick", "--actor", "ops@test").returncode == 0
         paused_at, _ = pause_row(env)
-        wait_until(lambda: env.db_now() > paused_at + 3 * SECOND, 30, "slots in the pause")
+        wait_until(lambda: env.db_now() > paused_at + 3 * SECOND, "slots in the pause", deadline=30)
         with env.engine.begin() as conn:
             conn.exec_driver_sql(SLOW_COMMIT)
         assert env.cli("resume", "tick", "--actor", "ops@test").returncode == 0
@@ -119,7 +121,8 @@ def test_a_resume_whose_commit_lands_late_loses_nothing(pg_env: Env) -> None:
             conn.exec_driver_sql("DROP TRIGGER oncely_test_slow_commit ON oncely_audit")
         resumed_at = resumed(env)
         wait_until(
-            lambda: len([s for s in ticks(env) if s >= resumed_at]) >= 4, 60, "ticks after resume"
+            lambda: len([s for s in ticks(env) if s >= resumed_at]) >= 4,
+            "ticks after resume",
         )
     finally:
         stop(worker, log)

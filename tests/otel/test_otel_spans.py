@@ -19,7 +19,8 @@ from otel_helpers import Spans  # type: ignore[import-not-found]
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from tests.conftest import ROOT, wire_messages
+from tests.conftest import wire_messages
+from tests.support import ROOT
 
 from oncely import Oncely, RetryPolicy, events, every
 from oncely.model import Pause

@@ -8,10 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +16,11 @@ import sqlalchemy as sa
 from otel_helpers import Spans  # type: ignore[import-not-found]
 from sqlalchemy.ext.asyncio import AsyncSession
 from tests.apps import traced
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, start_cli, wait_until
 
 from oncely import Oncely
 
 APP = "tests.apps.traced:app"
-
-
-def wait_until(check: Callable[[], bool], what: str, deadline: float = 60.0) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline}s: {what}")
-        time.sleep(0.05)
 
 
 def exported(directory: Path) -> list[dict[str, Any]]:
@@ -80,14 +68,7 @@ async def test_a_request_enqueue_and_both_attempts_are_one_trace(
     def job_spans() -> list[dict[str, Any]]:
         return [s for s in exported(directory) if s["name"] == "oncely.job"]
 
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "oncely", "worker", "--concurrency", "2"],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    worker = start_cli("worker", "--concurrency", "2", env=env)
     try:
         wait_until(lambda: len(task_spans()) >= 2, "both attempts' spans")
         wait_until(

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 from queue_helpers import drain, in_tx  # type: ignore[import-not-found]
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 from oncely import (
     BadInputError,

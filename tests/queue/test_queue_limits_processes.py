@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from tests.apps.limits_app import INTERVALS_DDL, keyed, paced, three
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 WORKER = [sys.executable, str(ROOT / "tests" / "apps" / "queue_worker.py")]
 APP = "tests.apps.limits_app:app"

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from sqlalchemy.orm import Session
 from tests.apps.queue_app import EFFECTS_DDL, hang, record, stall
 from tests.apps.queue_soak import soak
 from tests.apps.queue_soak import sync_engine as soak_engine
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, start_process, stop, wait_until
 
 WORKER = [
     sys.executable,
@@ -38,35 +37,12 @@ def sync_url(url: str) -> str:
 
 
 def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*WORKER, *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_until(check, what: str, deadline: float = 120.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return start_process([*WORKER, *args], env=env)
 
 
 def rows(engine: sa.Engine, query: str) -> list[tuple]:  # type: ignore[type-arg]
     with engine.connect() as conn:
         return [tuple(r) for r in conn.execute(sa.text(query))]
-
-
-def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    return proc.returncode, err
 
 
 def test_queue_tasks_take_effect_once_worker_sigkilled_mid_task(
@@ -77,7 +53,9 @@ def test_queue_tasks_take_effect_once_worker_sigkilled_mid_task(
     with Session(sync_engine) as session, session.begin():
         task_id = hang.enqueue_sync(session, n=1).id
     first = start(env, "--lease", "1", "--concurrency", "1")
-    marker = wait_until(lambda: sorted(tmp_path.glob("started-1-*")), "the task to start")
+    marker = wait_until(
+        lambda: sorted(tmp_path.glob("started-1-*")), "the task to start", deadline=120
+    )
     assert marker[0].name == f"started-1-{first.pid}"
     first.send_signal(signal.SIGKILL)
     assert first.wait(timeout=30) == -signal.SIGKILL
@@ -90,6 +68,7 @@ def test_queue_tasks_take_effect_once_worker_sigkilled_mid_task(
             == [("succeeded",)]
         ),
         "the second worker to finish the task",
+        deadline=120,
     )
     code, err = stop(second)
     assert code == 0
@@ -111,7 +90,9 @@ def test_queue_tasks_take_effect_once_lease_stolen_from_a_stalled_worker(
     with Session(sync_engine) as session, session.begin():
         task_id = stall.enqueue_sync(session, n=1, seconds=60).id
     workers = [start(env, "--lease", "1", "--concurrency", "1") for _ in range(2)]
-    stalled_file = wait_until(lambda: sorted(tmp_path.glob("stalling-*")), "a worker to stall")
+    stalled_file = wait_until(
+        lambda: sorted(tmp_path.glob("stalling-*")), "a worker to stall", deadline=120
+    )
     stalled_pid = int(stalled_file[0].name.split("-")[1])
     wait_until(
         lambda: (
@@ -119,6 +100,7 @@ def test_queue_tasks_take_effect_once_lease_stolen_from_a_stalled_worker(
             == [("succeeded",)]
         ),
         "the other worker to take the task over",
+        deadline=120,
     )
     (tmp_path / "release").touch()  # the stalled worker wakes up and tries to ack
     outputs = {p.pid: stop(p) for p in workers}
@@ -142,10 +124,15 @@ def test_duplicates_are_observable_many_workers_one_effect_each(
             == [(300,)]
         ),
         "300 tasks",
+        deadline=120,
     )
     # A worker slow to start may find no task left; it must still be up (its SIGTERM
     # handler installed) before it is asked to stop, or it dies of the signal instead.
-    wait_until(lambda: all((tmp_path / f"ready-{p.pid}").exists() for p in workers), "every worker")
+    wait_until(
+        lambda: all((tmp_path / f"ready-{p.pid}").exists() for p in workers),
+        "every worker",
+        deadline=120,
+    )
     stopped = [stop(p) for p in workers]
     assert [code for code, _ in stopped] == [0, 0, 0], [err[-3000:] for _, err in stopped]
     assert rows(sync_engine, "SELECT count(*), count(DISTINCT n) FROM effects") == [(300, 300)]
@@ -161,7 +148,7 @@ def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
     from tests.apps.queue_app_next import record as next_record
 
     old = start(env, "--concurrency", "2", "--poll", "0.05")
-    wait_until(lambda: (tmp_path / f"ready-{old.pid}").exists(), "the old worker")
+    wait_until(lambda: (tmp_path / f"ready-{old.pid}").exists(), "the old worker", deadline=120)
     with Session(sync_engine) as session, session.begin():
         task_id = charge.enqueue_sync(session, n=1).id
         later = next_record.enqueue_sync(session, n=2).id  # due after it, a name both know
@@ -171,6 +158,7 @@ def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
             == [("succeeded",)]
         ),
         "the old worker to run the task it knows",
+        deadline=120,
     )
     assert rows(sync_engine, f"SELECT state, attempt FROM oncely_tasks WHERE id = {task_id}") == [
         ("available", 0)
@@ -193,6 +181,7 @@ def test_rolling_deploys_never_dead_letter_a_task_old_worker_leaves_new_ones(
             == [("succeeded",)]
         ),
         "the new worker to run the new task",
+        deadline=120,
     )
     listing = run_cli("tasks", cwd=ROOT, env={**env, "ONCELY_APP": "tests.apps.queue_app:app"})
     assert listing.returncode == 0 and "note:" not in listing.stdout  # it ran: none waits

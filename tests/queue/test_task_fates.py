@@ -6,7 +6,6 @@ worker that wakes from a stall past its lease cancels its attempts before they g
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from tests.apps.queue_app import EFFECTS_DDL
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, start_process, stop, wait_until
 
 WORKER = [sys.executable, str(ROOT / "tests" / "apps" / "queue_worker.py")]
 V1 = "tests.apps.fate_app:app"
@@ -53,32 +52,9 @@ def no_worker_left() -> Iterator[None]:
 
 
 def start(env: dict[str, str], app: str, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [*WORKER, app, *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_process([*WORKER, app, *args], env=env)
     _STARTED.append(proc)
     return proc
-
-
-def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
-
-
-def wait_until(check, what: str, deadline: float = 120.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def n_of(args: object) -> int:
@@ -103,13 +79,16 @@ def test_an_attempt_counts_when_its_body_starts_not_when_leased(
         for n in range(24):
             napper.enqueue_sync(session, n=n)
     workers = [start(env, V1, "--concurrency", "4", "--lease", "2") for _ in range(3)]
-    wait_until(lambda: len(list(tmp_path.glob("started-*"))) == 12, "12 tasks to start")
+    wait_until(
+        lambda: len(list(tmp_path.glob("started-*"))) == 12, "12 tasks to start", deadline=120
+    )
     wait_until(
         lambda: (
             rows(sync_engine, "SELECT count(*) FROM oncely_tasks WHERE state = 'running'")
             == [(24,)]
         ),
         "every task to be leased (4 running, 4 ahead per worker)",
+        deadline=120,
     )
     victim = workers[0]
     started = {int(p.name.split("-")[1]) for p in tmp_path.glob(f"started-*-{victim.pid}")}
@@ -132,6 +111,7 @@ def test_an_attempt_counts_when_its_body_starts_not_when_leased(
             == [(24,)]
         ),
         "every task to end",
+        deadline=120,
     )
     outputs = [stop(p) for p in workers[1:]]
     assert [code for code, _ in outputs] == [0, 0]
@@ -169,7 +149,7 @@ def test_rolling_deploys_never_dead_letter_a_task_with_a_new_argument(
             s == "available" and a == 0 and (e or "").startswith("Unrunnable:") for s, a, e in got
         )
 
-    wait_until(turned_away, "the v1 worker to hand the tasks back")
+    wait_until(turned_away, "the v1 worker to hand the tasks back", deadline=120)
     cli_env = {**env, "ONCELY_APP": V1}
     listing = run_cli("tasks", cwd=ROOT, env=cli_env)
     assert listing.returncode == 0, listing.stderr
@@ -190,6 +170,7 @@ def test_rolling_deploys_never_dead_letter_a_task_with_a_new_argument(
             == [(3,)]
         ),
         "the v2 worker to run the tasks",
+        deadline=120,
     )
     (old_code, old_err), (new_code, _) = stop(old), stop(new)
     assert (old_code, new_code) == (0, 0)
@@ -277,7 +258,7 @@ def test_a_worker_woken_from_a_stall_past_its_lease_cancels_its_attempt(
     with Session(sync_engine) as session, session.begin():
         task_id = outside_task.enqueue_sync(session, n=1, calls=4, seconds=2.0).id
     first = start(env, V1, "--concurrency", "2", "--lease", "3")
-    wait_until(lambda: outside.snapshot(), "the first call")
+    wait_until(lambda: outside.snapshot(), "the first call", deadline=120)
     first.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
     second = start(env, V1, "--concurrency", "2", "--lease", "3")
@@ -285,6 +266,7 @@ def test_a_worker_woken_from_a_stall_past_its_lease_cancels_its_attempt(
         wait_until(
             lambda: any(pid == second.pid for pid, _, _ in outside.snapshot()),
             "the second worker to take the task over",
+            deadline=120,
         )
     finally:
         first.send_signal(signal.SIGCONT)
@@ -295,6 +277,7 @@ def test_a_worker_woken_from_a_stall_past_its_lease_cancels_its_attempt(
             == [("succeeded",)]
         ),
         "the task to succeed",
+        deadline=120,
     )
     (first_code, first_err), (second_code, _) = stop(first), stop(second)
     assert (first_code, second_code) == (0, 0)

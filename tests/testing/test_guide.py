@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 # Each test runs a whole pytest of its own (300 s at most).
 pytestmark = pytest.mark.timeout(600)

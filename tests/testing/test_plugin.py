@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 USER_TESTS = """
 import asyncio

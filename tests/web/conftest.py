@@ -15,7 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from tests.apps.web_app import build
-from tests.reliability.helpers import engine_for, snapshot
+from tests.support import engine_for, snapshot
 
 from oncely import Oncely
 from oncely.web import dashboard

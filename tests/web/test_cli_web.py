@@ -7,15 +7,13 @@ import contextlib
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, run_cli
-from tests.reliability.helpers import engine_for
+from tests.support import ROOT, engine_for, run_cli, start_cli
 from tests.web.conftest import form_token
 
 APP = "tests.apps.web_app:app"
@@ -51,14 +49,7 @@ def _env(db_url: str, **extra: str) -> dict[str, str]:
 @contextlib.contextmanager
 def _serve(db_url: str, *args: str, **extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "oncely", "web", "--port", str(port), *args],
-        cwd=ROOT,
-        env=_env(db_url, **extra),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_cli("web", "--port", str(port), *args, env=_env(db_url, **extra))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, _reset_postgres, run_cli
-from tests.reliability.helpers import engine_for
+from tests.conftest import _reset_postgres
+from tests.support import ROOT, engine_for, run_cli, start_cli
 from tests.web.conftest import Board, attrs
 
 from oncely import Oncely
@@ -67,18 +66,17 @@ async def test_a_running_slot_shows_and_is_cancelled_from_the_page(
     now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     slot = now - timedelta(hours=2)
     release = tmp_path / "release"
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "oncely", "run", "hold", "--now", slot.isoformat()],
-        cwd=ROOT,
+    holder = start_cli(
+        "run",
+        "hold",
+        "--now",
+        slot.isoformat(),
         env={
             **os.environ,
             "ONCELY_APP": "tests.apps.operate_app:app",
             "ONCELY_DATABASE_URL": postgres_database,
             "ONCELY_TEST_HOLD": str(release),
         },
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
     )
     asgi = dashboard(operate, permissions=lambda _r: Grant("all", actor="ana@ops"))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://dash")

@@ -17,22 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from tests.apps.queue_app import EFFECTS_DDL, hang
 from tests.apps.web_app import build
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, wait_until
 from tests.web.conftest import attrs
 
 from oncely.web import dashboard
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _wait_for(what: str, check, deadline: float = 60.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"not within {deadline}s: {what}")
 
 
 async def test_a_task_whose_worker_was_sigkilled_is_explained_as_its_worker_dying(
@@ -53,7 +43,7 @@ async def test_a_task_whose_worker_was_sigkilled_is_explained_as_its_worker_dyin
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_for("the task to start", lambda: sorted(tmp_path.glob("started-1-*")))
+        wait_until(lambda: sorted(tmp_path.glob("started-1-*")), "the task to start")
     finally:
         worker.send_signal(signal.SIGKILL)
         assert worker.wait(timeout=30) == -signal.SIGKILL

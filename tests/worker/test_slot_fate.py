@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from tests.conftest import ROOT, _reset_postgres, _sync_url, run_cli
-from tests.worker.test_worker import wait_until
+from tests.conftest import _reset_postgres, _sync_url
+from tests.support import ROOT, run_cli, start_cli, wait_until
 
 from oncely.cli import cli
 
@@ -42,20 +42,12 @@ class Fleet:
             "ONCELY_APP": APP,
             "ONCELY_TEST_SIGNALS": str(tmp),
         }
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[str]] = []
 
     def start(self, n: int = 3) -> None:
         for i in range(n):
-            with (self.tmp / f"worker-{i}.log").open("wb") as out:
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "oncely", "worker", "--jobs", self.job],
-                        cwd=ROOT,
-                        env=self.env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+            log = self.tmp / f"worker-{i}.log"
+            self.procs.append(start_cli("worker", "--jobs", self.job, env=self.env, log=log))
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -77,7 +69,7 @@ class Fleet:
 
     def settled(self, n: int) -> dict[str, list[str]]:
         """The calls of the first `n` slots once `n + 1` slots have begun (deadline 60 s)."""
-        wait_until(lambda: len(self.calls()) > n, 60, f"{n + 1} slots of {self.job}", self.log)
+        wait_until(lambda: len(self.calls()) > n, f"{n + 1} slots of {self.job}", log=self.log)
         return dict(list(self.calls().items())[:n])
 
     @property
@@ -179,7 +171,7 @@ def test_a_retry_policy_of_two_attempts_runs_each_slot_exactly_twice_across_the_
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fleet", ["stuck"], indirect=True)
 def test_a_cancelled_slot_is_not_started_again_by_another_worker(fleet: Fleet) -> None:
-    wait_until(lambda: fleet.calls(), 60, "stuck to start", fleet.log)
+    wait_until(lambda: fleet.calls(), "stuck to start", log=fleet.log)
     code, out = fleet.cancel()  # in the attempt's first second
     assert code == 0, out
     assert '"cancel requested"' in out
@@ -187,9 +179,8 @@ def test_a_cancelled_slot_is_not_started_again_by_another_worker(fleet: Fleet) -
     # The next slot starts (the cancelled one ended), or another replica starts it again.
     wait_until(
         lambda: len(fleet.calls()) > 1 or len(fleet.calls()[first]) > 1,
-        60,
         "the next slot to start",
-        fleet.log,
+        log=fleet.log,
     )
     assert fleet.calls()[first] and len(fleet.calls()[first]) == 1, fleet.calls()
     rows = [r for r in attempt_rows(fleet.url, "stuck") if r[0][11:19].replace(":", "") == first]
@@ -203,16 +194,9 @@ def test_a_cancel_in_the_attempt_s_first_second_reaches_it(fleet_url: str, tmp_p
         "ONCELY_APP": APP,
         "ONCELY_TEST_SIGNALS": str(tmp_path),
     }
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "oncely", "run", "stuck", "--json"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    holder = start_cli("run", "stuck", "--json", env=env)
     try:
-        wait_until(lambda: list(tmp_path.glob("call-stuck-*")), 60, "stuck to start")
+        wait_until(lambda: list(tmp_path.glob("call-stuck-*")), "stuck to start")
         # Its start is not recorded yet (that comes after 1 s): the case the cancel waits for.
         assert attempt_rows(fleet_url, "stuck", started=True) == []
         code, asked = cancel(fleet_url, "stuck")

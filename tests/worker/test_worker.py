@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -20,23 +19,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from tests import clusters
-from tests.conftest import IN_CI, ROOT, _reset_postgres, run_cli
+from tests.conftest import _reset_postgres
+from tests.support import IN_CI, ROOT, run_cli, start_cli, wait_until
 from tests.worker.proxy import Proxy
 
 CONFORMANCE_SECONDS = float(os.environ.get("ONCELY_CONFORMANCE_SECONDS", "35"))
 HAS_FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1").exists()
-
-
-def wait_until(
-    predicate: Callable[[], object], deadline: float = 30.0, what: str = "", log: Path | None = None
-) -> None:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"not within {deadline}s: {what or predicate}\n{tail}")
 
 
 def conformance(db_url: str, *args: str, timeout: float = 300) -> dict[str, object]:
@@ -118,15 +106,8 @@ def holder_env(db_url: str, sync_engine: sa.Engine, tmp_path: Path) -> dict[str,
     return env
 
 
-def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:  # the worker writes to its own copy of the file descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "oncely", "worker", *args],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[str]:
+    return start_cli("worker", *args, env=env, log=log)
 
 
 def held(engine: sa.Engine) -> int:
@@ -139,9 +120,9 @@ def test_sigterm_lets_the_running_attempt_finish(
 ) -> None:
     log = tmp_path / "worker.log"
     proc = start_worker(holder_env, log, "--shutdown-timeout", "30")
-    wait_until(lambda: list(tmp_path.glob("started-*")), what="the job to start")
+    wait_until(lambda: list(tmp_path.glob("started-*")), "the job to start")
     proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: "worker.stopping" in log.read_text(), what="the signal to be seen")
+    wait_until(lambda: "worker.stopping" in log.read_text(), "the signal to be seen")
     assert proc.poll() is None  # still finishing the attempt
     (tmp_path / "release").touch()
     assert proc.wait(timeout=30) == 0
@@ -156,7 +137,7 @@ def test_sigterm_cancels_an_attempt_past_the_shutdown_timeout(
 ) -> None:
     log = tmp_path / "worker.log"
     proc = start_worker(holder_env, log, "--shutdown-timeout", "0.5")
-    wait_until(lambda: list(tmp_path.glob("started-*")), what="the job to start")
+    wait_until(lambda: list(tmp_path.glob("started-*")), "the job to start")
     began = time.monotonic()
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
@@ -212,19 +193,17 @@ def test_a_database_outage_is_retried_and_caught_up(postgres_database: str, tmp_
     log = tmp_path / "worker.log"
     proc = start_worker(env, log)
     try:
-        wait_until(lambda: len(slots()) >= 2, what="two slots before the outage")
+        wait_until(lambda: len(slots()) >= 2, "two slots before the outage")
         proxy.cut()
-        wait_until(lambda: "worker.db_unavailable" in log.read_text(), what="the outage", log=log)
+        wait_until(lambda: "worker.db_unavailable" in log.read_text(), "the outage", log=log)
         before = len(slots())
         cut_at = time.monotonic()
-        wait_until(lambda: time.monotonic() - cut_at > 3)  # the outage lasts ~3 s
+        wait_until(lambda: time.monotonic() - cut_at > 3, "3 s of outage")
         assert len(slots()) == before  # nothing got through
         assert proc.poll() is None
         proxy.restore()
-        wait_until(
-            lambda: "worker.db_reconnected" in log.read_text(), what="the reconnect", log=log
-        )
-        wait_until(lambda: len(slots()) >= before + 5, what="the catch-up", log=log)
+        wait_until(lambda: "worker.db_reconnected" in log.read_text(), "the reconnect", log=log)
+        wait_until(lambda: len(slots()) >= before + 5, "the catch-up", log=log)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -275,9 +254,9 @@ def test_a_database_that_comes_up_after_the_worker_is_waited_for(
     log = tmp_path / "worker.log"
     proc = start_worker(env, log)
     try:
-        wait_until(lambda: "worker.db_unavailable" in log.read_text(), what="the wait", log=log)
+        wait_until(lambda: "worker.db_unavailable" in log.read_text(), "the wait", log=log)
         proxy.restore()
-        wait_until(lambda: "run.ran:" in log.read_text(), what="a run", log=log)
+        wait_until(lambda: "run.ran:" in log.read_text(), "a run", log=log)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -301,7 +280,7 @@ def test_the_worker_serves_metrics_built_from_its_events(
     log = tmp_path / "worker.log"
     proc = start_worker(env, log, "--metrics-port", str(port))
     try:
-        wait_until(lambda: "run.ran:" in log.read_text(), what="a run", log=log)
+        wait_until(lambda: "run.ran:" in log.read_text(), "a run", log=log)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
             text = page.read().decode()
         assert 'oncely_runs_total{job="tick",status="ran"}' in text

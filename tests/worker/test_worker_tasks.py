@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from tests.apps import mixed
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, start_cli, wait_until
 
 from oncely import Oncely, TaskState
 from oncely.queue import list_tasks
 
 APP = "tests.apps.mixed:app"
-
-
-def wait_until(check: Callable[[], bool], what: str, deadline: float = 60.0) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline}s: {what}")
-        time.sleep(0.05)
 
 
 def scalar(engine: sa.Engine, query: str) -> int:
@@ -54,14 +42,7 @@ async def enqueue(db_url: str, task: str, numbers: range) -> None:
 
 
 def start_worker(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "oncely", "worker", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli("worker", *args, env=env)
 
 
 async def test_one_worker_runs_job_slots_and_tasks(

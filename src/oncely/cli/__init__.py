@@ -179,7 +179,7 @@ def parse_wait(value: str | None) -> float | None:
     """`--wait`: seconds (`300`) or a number with a unit (`90s`, `5m`, `1h`); None if absent."""
     if value is None:
         return None
-    from .tasks import parse_duration
+    from .queue import parse_duration
 
     text = value.strip()
     try:
@@ -442,7 +442,7 @@ def main() -> None:
     cli(prog_name="oncely")
 
 
-from .tasks import enqueue, prune, tasks  # noqa: E402  (they import this module)
+from .queue import enqueue, prune, tasks  # noqa: E402  (they import this module)
 
 cli.add_command(enqueue)
 cli.add_command(tasks)

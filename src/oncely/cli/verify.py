@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import click
 
-from ..fates import SETTLE, SlotFate, Verdict
+from ..fates import LEEWAY, SlotFate, Verdict
 from . import render
 from .common import EXIT_JOB_FAILED, Context, Finite, handled, known_job, parse_time
 
@@ -60,9 +60,9 @@ def verdict_lines(verdict: Verdict, every_slot: bool = False) -> list[str]:
 )
 @click.option("--until", metavar="ISO", help="Check slots up to this time (default: now).")
 @click.option(
-    "--settle",
+    "--leeway",
     type=Finite(),
-    default=SETTLE.total_seconds(),
+    default=LEEWAY.total_seconds(),
     show_default=True,
     metavar="SECONDS",
     help="A slot due this recently and not yet taken is `due`, not a finding.",
@@ -76,7 +76,7 @@ def verify(
     jobs: tuple[str, ...],
     since: str | None,
     until: str | None,
-    settle: float,
+    leeway: float,
     every_slot: bool,
     as_json: bool,
 ) -> None:
@@ -91,7 +91,7 @@ def verify(
         known_job(obj.app, job)
     verdict = obj.call(
         lambda app: app.verify(
-            list(jobs) or None, since=start, until=end, settle=timedelta(seconds=settle)
+            list(jobs) or None, since=start, until=end, leeway=timedelta(seconds=leeway)
         )
     )
     if as_json:

@@ -15,10 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,8 +25,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import IN_CI, ROOT, _reset_postgres
-from tests.reliability.helpers import engine_for
+from tests.conftest import _reset_postgres
+from tests.support import IN_CI, engine_for, run_cli, start_cli, wait_until
 
 CHROMIUM = Path(os.environ.get("ONCELY_TEST_CHROMIUM", "/usr/bin/chromium"))
 APP = "tests.apps.dashboard_app:app"
@@ -47,16 +46,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], object], deadline: float = 30.0, what: str = "") -> None:
-    """Poll `predicate` until it is true, failing after `deadline` seconds."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {deadline}s: {what or predicate}")
-
-
 @dataclass
 class Site:
     """One test's database, the dashboard serving it, and the CLI on the same database."""
@@ -73,19 +62,9 @@ class Site:
     def postgres(self) -> bool:
         return self.db_url.startswith("postgres")
 
-    def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, **self.vars, **extra}
-
     def oncely(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """`oncely ARGS` in a process of its own, on this database."""
-        return subprocess.run(
-            [sys.executable, "-m", "oncely", *args],
-            cwd=ROOT,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return run_cli(*args, env=self.vars, timeout=timeout)
 
     def ok(self, *args: str) -> str:
         done = self.oncely(*args)
@@ -94,15 +73,7 @@ class Site:
 
     def popen(self, *args: str, name: str) -> subprocess.Popen[str]:
         """`oncely ARGS` in the background, its output in tmp/NAME.log; stopped at teardown."""
-        with (self.tmp / f"{name}.log").open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "oncely", *args],
-                cwd=ROOT,
-                env=self.env(),
-                text=True,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        proc = start_cli(*args, env=self.vars, log=self.tmp / f"{name}.log")
         self.procs.append(proc)
         return proc
 
@@ -132,7 +103,7 @@ class Site:
         self.url = f"http://127.0.0.1:{port}"
         args = ["web", "--host", "127.0.0.1", "--port", str(port), *options]
         self.server = self.popen(*args, name="web")
-        wait_until(self._healthy, 60, f"`oncely web` on {self.url}: {self.log('web')}")
+        wait_until(self._healthy, f"`oncely web` on {self.url}: {self.log('web')}")
 
     def _healthy(self) -> bool:
         assert self.server is not None

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from tests.web.browser.conftest import Site, login, wait_until
+from tests.support import wait_until
+from tests.web.browser.conftest import Site, login
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -65,7 +66,9 @@ def test_overview_lists_every_job_and_its_pause(site: Site, page: Any) -> None:
 
 def test_pause_in_the_browser_stops_a_running_worker(site: Site, page: Any) -> None:
     worker = site.popen("worker", "--jobs", "beat", "--concurrency", "0", name="worker")
-    wait_until(lambda: len(claimed_slots(site, "beat")) >= 2, 120, "slots of beat from the worker")
+    wait_until(
+        lambda: len(claimed_slots(site, "beat")) >= 2, "slots of beat from the worker", deadline=120
+    )
     login(page, site)
     page.goto(f"{site.url}/jobs/beat")
     page.get_by_test_id("pause-form").locator("input[name=reason]").fill("bad deploy")
@@ -77,7 +80,7 @@ def test_pause_in_the_browser_stops_a_running_worker(site: Site, page: Any) -> N
     paused_at = utc(rows[0][0])
 
     # Three more slots come due while paused: the worker, still alive, starts none of them.
-    wait_until(lambda: site.db_now() > paused_at + 3.5 * STEP, 30, "three slots of pause")
+    wait_until(lambda: site.db_now() > paused_at + 3.5 * STEP, "three slots of pause", deadline=30)
     during = [s for s in claimed_slots(site, "beat") if s > paused_at + STEP]
     assert during == [], during
     assert worker.poll() is None, site.log("worker")
@@ -86,7 +89,8 @@ def test_pause_in_the_browser_stops_a_running_worker(site: Site, page: Any) -> N
     assert page.get_by_test_id("job-name").get_attribute("data-paused") == "false"
     resumed_at = utc(site.scalar("SELECT resumed_at FROM oncely_pauses WHERE job = 'beat'"))
     wait_until(
-        lambda: any(s > resumed_at for s in claimed_slots(site, "beat")), 60, "beat after resume"
+        lambda: any(s > resumed_at for s in claimed_slots(site, "beat")),
+        "beat after resume",
     )
     gap = [s for s in claimed_slots(site, "beat") if paused_at + STEP < s < resumed_at - STEP]
     assert gap == [], gap  # not caught up on resume
@@ -147,8 +151,8 @@ def test_filter_tasks_by_state_and_retry_a_dead_one(site: Site, page: Any) -> No
 
     wait_until(
         lambda: [states()[i] for i in [dead, *sent]] == ["dead", "succeeded", "succeeded"],
-        120,
         f"the mail tasks to finish: {states()}",
+        deadline=120,
     )
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0, site.log("worker")

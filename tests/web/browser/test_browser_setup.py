@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 TEST = "tests/web/browser/test_browser_dashboard.py::test_overview_lists_every_job_and_its_pause"
 

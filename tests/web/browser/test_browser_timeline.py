@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.web.browser.conftest import Site, login, wait_until
+from tests.support import wait_until
+from tests.web.browser.conftest import Site, login
 from tests.web.browser.test_browser_dashboard import utc
 
 pytestmark = pytest.mark.timeout(240)
@@ -44,7 +45,7 @@ def start_hold(site: Site, slot: datetime, name: str) -> subprocess.Popen[str]:
     started.unlink(missing_ok=True)
     site.execute("INSERT INTO script (slot, behaviour) VALUES (:s, 'hold')", s=slot.isoformat())
     proc = site.popen("run", "scripted", "--now", slot.isoformat(), name=name)
-    wait_until(started.exists, 60, f"the held slot {slot} to start")
+    wait_until(started.exists, f"the held slot {slot} to start")
     # Postgres: the attempt records its start once it has run a second (runner.LISTEN_AFTER);
     # from then on it shows as running and can be cancelled.
     wait_until(
@@ -53,7 +54,6 @@ def start_hold(site: Site, slot: datetime, name: str) -> subprocess.Popen[str]:
             " AND outcome IS NULL",
             s=slot,
         ),
-        60,
         f"the start record of {slot}",
     )
     return proc
@@ -99,7 +99,9 @@ def write_history(site: Site, page: Any) -> tuple[datetime, subprocess.Popen[str
         assert held.wait(timeout=60) == 1, site.log("cancelled")
     site.ok("pause", "scripted", "--reason", "a scripted pause")
     paused_at = utc(site.scalar("SELECT paused_at FROM oncely_pauses"))
-    wait_until(lambda: site.db_now() > paused_at + timedelta(seconds=3), 30, "three paused slots")
+    wait_until(
+        lambda: site.db_now() > paused_at + timedelta(seconds=3), "three paused slots", deadline=30
+    )
     site.ok("resume", "scripted")
     if not site.postgres:
         return t0, None

@@ -167,7 +167,7 @@ def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
     return not_claimed(_NOT_CLAIMED[answer], claim)
 
 
-def _settle(
+def _record_fate(
     alias: str, store: Store | None, job: Job, slot: datetime, request: ClaimRequest, exc: Exception
 ) -> Outcome:
     """A job that raised, in its open atomic block: its fate recorded there (given up, or
@@ -214,7 +214,7 @@ def _attempt(
             try:
                 job.func(slot)  # type: ignore[call-arg, misc]
             except Exception as exc:
-                return _settle(alias, store, job, slot, request, exc)
+                return _record_fate(alias, store, job, slot, request, exc)
             stage = Stage.COMMIT
             with lent(alias, f"job {request.job!r}") as conn:
                 borrowed.finish(conn, request.job, request.key)

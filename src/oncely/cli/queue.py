@@ -1,4 +1,5 @@
-"""`oncely enqueue`, `oncely tasks [retry|discard]` and `oncely prune`: the queue's operations."""
+"""`oncely enqueue`, `oncely tasks [show|explain|retry|discard|cancel]` and `oncely prune`:
+the task queue's commands (the module is named, like its neighbours, after what it drives)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
-from tests.conftest import IN_CI, _reset_postgres
+from tests.conftest import _reset_postgres
 from tests.queue.queue_helpers import EFFECTS_DDL, effects
+from tests.support import IN_CI
 
 from oncely import Oncely, RunStatus, every
 from oncely.queue import consume, list_tasks

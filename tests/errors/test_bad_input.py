@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.reliability.helpers import snapshot
+from tests.support import snapshot
 
 from oncely import ConfigError, Oncely
 from oncely.cli import cli

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 SECRETS = ("S3cr3tPw", "S3c&", "Dsn5ecret")
 SLOT = "2026-11-27T05:00:00+01:00"

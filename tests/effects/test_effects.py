@@ -227,7 +227,7 @@ def test_a_once_handler_looks_like_the_call_it_takes(db_url: str) -> None:
 async def test_effects_show_in_history_and_can_be_released(
     app: Oncely, db_url: str, tmp_path: Any
 ) -> None:
-    from tests.conftest import ROOT, run_cli
+    from tests.support import ROOT, run_cli
 
     async with app.effect("charge:42") as db:
         assert db is not None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 from oncely import Oncely, SchemaMissingError
 from oncely.queue import list_tasks

@@ -68,7 +68,7 @@ def test_a_slot_before_the_pause_runs_on_catch_up() -> None:
     sched = started(make_job(catch_up="all", grace=timedelta(minutes=5)))
     actions = decide(sched, at(12), pause(10))
     assert ran(actions) == [at(s) for s in range(1, 10)]
-    assert paused(actions) == []  # 10 s .. 12 s are held, not settled
+    assert paused(actions) == []  # 10 s .. 12 s are held, not decided
 
 
 def test_a_slot_before_the_pause_is_caught_up_by_latest_too() -> None:

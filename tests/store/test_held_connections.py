@@ -2,7 +2,7 @@
 
 What that must never cost: a connection given back to the server when the app closes, a
 bounded number held, and no connection carried from one event loop into another. (A held
-connection the server killed is pinged and replaced: tests/integration/test_stale_connection.py.
+connection the server killed is pinged and replaced: tests/store/test_stale_connection.py.
 What a failed or cancelled attempt leaves on its connection: test_attempt_transaction.py.)
 """
 

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from tests.conftest import _reset_postgres
-from tests.reliability.commit_cut import CommitCut
-from tests.reliability.helpers import engine_for, oncely
+from tests.jobs.commit_cut import CommitCut
+from tests.support import cli_on, engine_for
 
 NOW = "2026-12-01T10:00:00Z"
 pytestmark = pytest.mark.postgres
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture
 def pg(postgres_database: str) -> str:
     _reset_postgres(postgres_database)
-    assert oncely(postgres_database, "migrate").returncode == 0
+    assert cli_on(postgres_database, "migrate").returncode == 0
     return postgres_database
 
 
@@ -43,7 +43,7 @@ def rows(pg: str, table: str) -> int:
 
 def test_run_reports_a_commit_that_landed_or_unknown(pg: str, cut: tuple[CommitCut, str]) -> None:
     proxy, via_proxy = cut
-    done = oncely(via_proxy, "run", "minutely", "--now", NOW)
+    done = cli_on(via_proxy, "run", "minutely", "--now", NOW)
     assert proxy.cut.is_set(), done.stderr
     assert rows(pg, "oncely_runs") == 1  # the commit landed
     assert "the slot is free" not in done.stdout + done.stderr
@@ -55,7 +55,7 @@ def test_run_reports_a_commit_that_landed_or_unknown(pg: str, cut: tuple[CommitC
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert done.stdout.startswith("ran minutely"), done.stdout
     # A rerun is safe either way: the landed claim makes it skip.
-    again = oncely(pg, "run", "minutely", "--now", NOW)
+    again = cli_on(pg, "run", "minutely", "--now", NOW)
     assert again.returncode == 0 and again.stdout.startswith("skipped"), again.stdout
 
 
@@ -63,7 +63,7 @@ def test_enqueue_reports_a_commit_that_landed_or_unknown(
     pg: str, cut: tuple[CommitCut, str]
 ) -> None:
     proxy, via_proxy = cut
-    done = oncely(via_proxy, "enqueue", "note", "--json", '{"n": 1}')
+    done = cli_on(via_proxy, "enqueue", "note", "--json", '{"n": 1}')
     assert proxy.cut.is_set(), done.stderr
     assert rows(pg, "oncely_tasks") == 1  # the commit landed
     assert "nothing" not in done.stdout + done.stderr
@@ -114,7 +114,7 @@ def test_run_waits_for_a_slow_lost_commit_and_reports_it_ran(
 ) -> None:
     proxy, via_proxy = readable_cut
     slow_commits(pg, "oncely_runs")
-    done = oncely(via_proxy, "run", "minutely", "--now", NOW)
+    done = cli_on(via_proxy, "run", "minutely", "--now", NOW)
     assert proxy.cut.is_set(), done.stderr
     landed(pg, "oncely_runs")
     assert done.returncode == 0, (done.stdout, done.stderr)
@@ -127,7 +127,7 @@ def test_enqueue_waits_for_a_slow_lost_commit_and_reports_it_enqueued(
 ) -> None:
     proxy, via_proxy = readable_cut
     slow_commits(pg, "oncely_tasks")
-    done = oncely(via_proxy, "enqueue", "note", "--json", '{"n": 1}')
+    done = cli_on(via_proxy, "enqueue", "note", "--json", '{"n": 1}')
     assert proxy.cut.is_set(), done.stderr
     landed(pg, "oncely_tasks")
     assert done.returncode == 0, (done.stdout, done.stderr)

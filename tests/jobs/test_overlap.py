@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from tests.apps.leaderboard import create_tables
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 from oncely import Oncely, RunStatus, every
 

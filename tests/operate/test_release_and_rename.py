@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
-from tests.conftest import ROOT
-from tests.reliability.helpers import APP, engine_for, one_clear_line, snapshot
+from tests.support import RELIAB_APP as APP
+from tests.support import engine_for, one_clear_line, snapshot, start_cli
 
 from oncely.cli import cli
 
@@ -49,14 +49,7 @@ def test_release_of_a_running_slot_is_refused(db_url: str, tmp_path: Path) -> No
     signal = tmp_path / "release-me"
     env = {**os.environ, "ONCELY_APP": APP, "ONCELY_DATABASE_URL": db_url}
     env["ONCELY_TEST_HOLD"] = str(signal)
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "oncely", "run", "hold", "--now", NOW],
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    holder = start_cli("run", "hold", "--now", NOW, env=env)
     try:
         wait_for(Path(f"{signal}.started"), holder)
         refused = invoke(db_url, "release", "hold", KEY)

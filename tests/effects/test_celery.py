@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from tests.apps import shop
-from tests.conftest import IN_CI, ROOT
+from tests.support import IN_CI, ROOT
 
 from oncely import Oncely
 from oncely.testing import FakeProvider

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from tests.apps.leaderboard import create_tables
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli, start_cli
 
 APP = "tests.apps.leaderboard:app"
 FRIDAY = "2026-11-27T18:0{}:00-06:00"  # a Friday, America/Mexico_City
@@ -59,15 +57,7 @@ def test_once_per_slot_the_incident(env: dict[str, str], sync_engine: sa.Engine)
 
 def test_once_per_slot_eight_processes_at_once(env: dict[str, str], sync_engine: sa.Engine) -> None:
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "oncely", "run", "leaderboard_close", "--now", FRIDAY.format(0)],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
+        start_cli("run", "leaderboard_close", "--now", FRIDAY.format(0), env=env) for _ in range(8)
     ]
     results = [(p.wait(timeout=60), p.stdout.read().split()[0]) for p in procs]  # type: ignore[union-attr]
     statuses = sorted(status for _, status in results)
@@ -115,14 +105,7 @@ def _wait_for_file(directory: Path, prefix: str, deadline: float = 30.0) -> Path
 
 
 def _start(env: dict[str, str], job: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "oncely", "run", job, "--now", FRIDAY.format(0)],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli("run", job, "--now", FRIDAY.format(0), env=env)
 
 
 def test_failure_frees_the_slot_after_sigkill(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
-from tests.reliability.helpers import engine_for, oncely, one_clear_line, snapshot
+from tests.support import cli_on, engine_for, one_clear_line, snapshot
 
 from oncely.store.migrations import BREAKING_STEP, COMPATIBLE_UP_TO, LATEST
 
@@ -28,13 +28,13 @@ def fake_newer_schema(db_url: str, *versions: int) -> None:
 
 
 def test_a_schema_from_a_breaking_migration_is_refused(db_url: str) -> None:
-    assert oncely(db_url, "migrate").returncode == 0
+    assert cli_on(db_url, "migrate").returncode == 0
     breaking = COMPATIBLE_UP_TO + 1
     assert breaking % BREAKING_STEP == 0
     fake_newer_schema(db_url, LATEST + 1, breaking)
     before = snapshot(db_url)
     for args in (["migrate"], ["run", "minutely", "--now", "2026-12-01T10:00:00Z"], ["history"]):
-        done = oncely(db_url, *args)
+        done = cli_on(db_url, *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         line = one_clear_line(done.stderr)
         assert f"version {breaking}" in line and f"up to {COMPATIBLE_UP_TO}" in line, line
@@ -43,24 +43,24 @@ def test_a_schema_from_a_breaking_migration_is_refused(db_url: str) -> None:
 
 def test_a_newer_additive_schema_still_runs(db_url: str) -> None:
     """Mid-rollout: the next release migrated (additive steps), this one restarts and runs."""
-    assert oncely(db_url, "migrate").returncode == 0
+    assert cli_on(db_url, "migrate").returncode == 0
     fake_newer_schema(db_url, *range(LATEST + 1, COMPATIBLE_UP_TO + 1))
-    migrated = oncely(db_url, "migrate")
+    migrated = cli_on(db_url, "migrate")
     assert migrated.returncode == 0 and "is up to date" in migrated.stdout, migrated.stderr
-    ran = oncely(db_url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
+    ran = cli_on(db_url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
     assert ran.returncode == 0 and ran.stdout.startswith("ran minutely"), ran.stderr
-    history = oncely(db_url, "history", "--json")
+    history = cli_on(db_url, "history", "--json")
     assert history.returncode == 0 and '"job": "minutely"' in history.stdout, history.stderr
 
 
 def test_a_sqlite_schema_changed_by_hand_is_not_an_unreachable_database(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'app.db'}"
-    assert oncely(db_url, "migrate").returncode == 0
+    assert cli_on(db_url, "migrate").returncode == 0
     engine = engine_for(db_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE oncely_runs DROP COLUMN claimed_by")
     engine.dispose()
-    done = oncely(db_url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
+    done = cli_on(db_url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
     assert done.returncode == 2, (done.stdout, done.stderr)
     line = one_clear_line(done.stderr)
     assert "cannot reach" not in line and "claimed_by" in line, line
@@ -80,15 +80,15 @@ def read_only(path: Path) -> Iterator[str]:
 
 def test_a_read_only_sqlite_file_is_exit_2_not_an_endless_outage(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
-    assert oncely(f"sqlite:///{path}", "migrate").returncode == 0
+    assert cli_on(f"sqlite:///{path}", "migrate").returncode == 0
     with read_only(path) as url:
         before = snapshot(url)
-        run = oncely(url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
+        run = cli_on(url, "run", "minutely", "--now", "2026-12-01T10:00:00Z")
         assert run.returncode == 2, (run.stdout, run.stderr)
         assert "read-only" in one_clear_line(run.stderr)
         # The worker gives up at start (within its timeout) instead of retrying forever.
-        worker = oncely(url, "worker", "--startup-wait", "1", "--concurrency", "0")
+        worker = cli_on(url, "worker", "--startup-wait", "1", "--concurrency", "0")
         assert worker.returncode == 2, (worker.stdout, worker.stderr[-2000:])
         assert "read-only" in worker.stderr and "Traceback" not in worker.stderr
         assert snapshot(url) == before
-        assert oncely(url, "history").returncode == 0  # reading still works
+        assert cli_on(url, "history").returncode == 0  # reading still works

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_every_emitted_event_is_documented() -> None:

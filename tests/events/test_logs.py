@@ -11,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from tests.apps.leaderboard import create_tables
-from tests.conftest import ROOT, _reset_postgres, run_cli
+from tests.conftest import _reset_postgres
+from tests.support import ROOT, run_cli
 
 from oncely import events, logs
 

@@ -54,7 +54,7 @@ def verdict(
     first_seen: datetime | None = T0,
 ) -> JobVerdict:
     ledger = JobLedger("j", SLOTS, key_for, first_seen, claims, records, pauses, releases)
-    return verify_job(ledger, NOW, settle=timedelta(seconds=30))
+    return verify_job(ledger, NOW, leeway=timedelta(seconds=30))
 
 
 def fates(v: JobVerdict) -> list[str]:
@@ -82,7 +82,7 @@ def test_a_due_slot_with_no_record_is_a_finding() -> None:
 
 def test_a_slot_that_came_due_moments_ago_is_due_not_a_finding() -> None:
     v = verdict(claims=[claim(i) for i in range(10)])
-    assert fates(v)[10] == "due"  # SLOTS[10] == NOW: within the settle time
+    assert fates(v)[10] == "due"  # SLOTS[10] == NOW: within the leeway
     assert v.findings == ()
 
 

@@ -7,7 +7,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from tests.reliability.helpers import oncely, one_clear_line, snapshot
+from tests.support import cli_on, one_clear_line, snapshot
 
 from oncely import BadInputError, Oncely, PayloadError, every
 
@@ -17,14 +17,14 @@ SURROGATE = "\ud800"
 
 @pytest.fixture
 def migrated(db_url: str) -> str:
-    assert oncely(db_url, "migrate").returncode == 0
+    assert cli_on(db_url, "migrate").returncode == 0
     return db_url
 
 
 def refused(db_url: str, *args: str) -> str:
     """Run a command that must be refused; its one error line (nothing changed)."""
     before = snapshot(db_url)
-    done = oncely(db_url, *args)
+    done = cli_on(db_url, *args)
     assert done.returncode == 2, (args, done.stdout, done.stderr)
     line = one_clear_line(done.stderr)
     assert snapshot(db_url) == before

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
-from tests.conftest import IN_CI, _reset_postgres
-from tests.reliability.helpers import engine_for, oncely, one_clear_line, snapshot
+from tests.conftest import _reset_postgres
+from tests.support import IN_CI, cli_on, engine_for, one_clear_line, snapshot
 
 from oncely import every
 from oncely.schedule import default_key
@@ -53,7 +53,7 @@ def db_now(db_url: str) -> datetime:
 @pytest.fixture
 def pg(postgres_database: str) -> str:
     _reset_postgres(postgres_database)
-    assert oncely(postgres_database, "migrate").returncode == 0
+    assert cli_on(postgres_database, "migrate").returncode == 0
     return postgres_database
 
 
@@ -80,7 +80,7 @@ def test_prune_cutoff_is_database_time(pg: str, offset: str) -> None:
     with engine.begin() as conn:
         conn.execute(insert, {"job": "minutely", "key": "fresh", "at": now})
         conn.execute(insert, {"job": "minutely", "key": "old", "at": now - timedelta(hours=2)})
-    done = oncely(pg, "prune", "--older-than", "1h", **faketime_env(offset))
+    done = cli_on(pg, "prune", "--older-than", "1h", **faketime_env(offset))
     assert done.returncode == 0, done.stderr
     with engine.connect() as conn:
         keys = [r[0] for r in conn.execute(sa.text("SELECT key FROM oncely_runs"))]
@@ -94,13 +94,13 @@ def test_run_without_now_runs_the_slot_due_by_database_time(pg: str, offset: str
     schedule = every(minutes=1)
     for _ in range(5):  # a run that straddles a minute boundary is repeated
         before = schedule.latest_at_or_before(db_now(pg))
-        done = oncely(pg, "run", "minutely", **faketime_env(offset))
+        done = cli_on(pg, "run", "minutely", **faketime_env(offset))
         after = schedule.latest_at_or_before(db_now(pg))
         assert done.returncode == 0, done.stderr
         if before == after:
             break
-        oncely(pg, "release", "minutely", default_key(after))
-        oncely(pg, "release", "minutely", default_key(before))
+        cli_on(pg, "release", "minutely", default_key(after))
+        cli_on(pg, "release", "minutely", default_key(before))
     else:
         pytest.fail("every try straddled a minute boundary")
     assert before is not None
@@ -120,19 +120,19 @@ def test_a_host_ahead_cannot_run_a_future_slot_with_its_own_now(pg: str) -> None
     if slot <= db_now(pg) + timedelta(seconds=5):
         slot += timedelta(minutes=1)  # the minute turned in between: a slot still ahead
     before = snapshot(pg)
-    done = oncely(pg, "run", "minutely", "--now", slot.isoformat(), **faketime_env("+90s"))
+    done = cli_on(pg, "run", "minutely", "--now", slot.isoformat(), **faketime_env("+90s"))
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "ahead of the database's clock" in one_clear_line(done.stderr)
     assert snapshot(pg) == before
 
 
 def test_a_future_now_is_refused_unless_allowed(db_url: str) -> None:
-    assert oncely(db_url, "migrate").returncode == 0
+    assert cli_on(db_url, "migrate").returncode == 0
     friday = (datetime.now(timezone.utc) + timedelta(days=3)).replace(
         hour=3, minute=0, second=0, microsecond=0
     )
     before = snapshot(db_url)
-    done = oncely(db_url, "run", "nightly", "--now", friday.isoformat())
+    done = cli_on(db_url, "run", "nightly", "--now", friday.isoformat())
     assert done.returncode == 2, (done.stdout, done.stderr)
     line = one_clear_line(done.stderr)
     assert "ahead of the database's clock" in line and "--allow-future" in line, line
@@ -140,8 +140,8 @@ def test_a_future_now_is_refused_unless_allowed(db_url: str) -> None:
     assert snapshot(db_url) == before
     # Within the skew allowance (5 s) a --now is still the present.
     near = datetime.now(timezone.utc) + timedelta(seconds=2)
-    assert oncely(db_url, "run", "minutely", "--now", near.isoformat()).returncode == 0
-    forced = oncely(
+    assert cli_on(db_url, "run", "minutely", "--now", near.isoformat()).returncode == 0
+    forced = cli_on(
         db_url,
         "--log-format",
         "json",
