@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from ..app import Oncely
 from ..explain import explain_slot
-from ..model import Attempt, Claim, Explanation
+from ..model import Attempt, Claim, Explanation, Pause
 from ..registry import Job
 from .render import gather
 
@@ -150,3 +150,45 @@ def _covers(record: Attempt, at: datetime) -> bool:
     if record.outcome != "missed" or record.slot is None:
         return False
     return record.slot <= at <= (record.slot_last or record.slot)
+
+
+async def last_outcomes(
+    app: Oncely,
+    jobs: list[Job],
+    now: datetime,
+    pauses: dict[str, Pause],
+    created: dict[str, datetime] | None = None,
+) -> list[tuple[datetime | None, str | None, str | None]]:
+    """Each job's latest due slot, its outcome and its sentence: three reads for all jobs
+    (and one per job whose attempt has no outcome yet: is it still running?). `created`:
+    when jobs that are data first existed (a slot before that is `before_job`)."""
+    store = app.store
+    first_seen = {**await store.control.first_seen_all(), **(created or {})}
+    latest = {job.name: job.schedule.latest_at_or_before(now) for job in jobs}
+    pairs = [(job.name, job.key_for(at)) for job in jobs if (at := latest[job.name]) is not None]
+    claims, records = await store.views.slots(pairs) if pairs else ({}, {})
+    found: list[tuple[datetime | None, str | None, str | None]] = []
+    for job in jobs:
+        slot = latest[job.name]
+        if slot is None:
+            found.append((None, None, None))
+            continue
+        key = job.key_for(slot)
+        mine = records.get((job.name, key), [])
+        if any(r.outcome is None for r in mine):
+            alive = {a.id for a in await store.control.running(job.name, key)}
+            mine = [dataclasses.replace(r, alive=r.id in alive) for r in mine]
+        pause = pauses.get(job.name)
+        explanation = explain_slot(
+            job=job.name,
+            key=key,
+            slot=slot,
+            now=now,
+            catch_up=job.catch_up,
+            claim=claims.get((job.name, key)),
+            records=mine,
+            pauses=[pause] if pause is not None else [],
+            first_seen=first_seen.get(job.name),
+        )
+        found.append((slot, outcome_of(explanation.answer), explanation.sentence))
+    return found

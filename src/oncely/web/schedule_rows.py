@@ -1,0 +1,109 @@
+"""A data schedule as the pages read it: its Job (to explain its slots as a code job's),
+its row on the list and the overview (the latest due slot's outcome, the last run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..model import Claim, ScheduleRecord
+from ..registry import Job
+from ..schedule import Schedule, cron, every
+from ..schedules import describe
+from .render import Settings, gather
+from .timeline import last_outcomes
+
+OVERVIEW_ROWS = 10
+"""Schedules the overview shows (the first by name), with a link to the list."""
+
+
+def _nothing(db: Any, now: datetime) -> None:  # pragma: no cover - never called
+    """The function of the Job a page builds to read a schedule's slots: pages run nothing."""
+
+
+def schedule_of(record: ScheduleRecord) -> Schedule:
+    """The record's expression as the scheduler reads it: cron in its zone, or an interval."""
+    if record.cron is not None:
+        return cron(record.cron, tz=record.tz)
+    return every(seconds=record.every or 0)
+
+
+def job_of(record: ScheduleRecord) -> Job:
+    """The record as a Job under its ledger name: what the timeline and `explain_slot`
+    read (its slots, their keys, its catch-up), never run."""
+    return Job(
+        name=record.ledger_name,
+        schedule=schedule_of(record),
+        func=_nothing,
+        catch_up=record.catch_up,  # type: ignore[arg-type]
+        grace=None if record.grace is None else timedelta(seconds=record.grace),
+        overlap=record.overlap,  # type: ignore[arg-type]
+        timeout=None if record.timeout is None else timedelta(seconds=record.timeout),
+    )
+
+
+def target_of(record: ScheduleRecord) -> str:
+    return f"{record.target_kind}:{record.target}"
+
+
+def duration(seconds: float | None) -> str:
+    """An interval as the form takes it back: `15m`, `2h`, `90s`."""
+    if seconds is None:
+        return ""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One schedule on the list (and the overview)."""
+
+    record: ScheduleRecord
+    words: str
+    last_run: Claim | None
+    last_slot: datetime | None
+    last_outcome: str | None
+    last_sentence: str | None
+
+
+async def rows(
+    settings: Settings, records: list[ScheduleRecord], now: datetime
+) -> list[ScheduleRow]:
+    """The rows of `records`: each with its latest due slot's outcome and its last run, from
+    a few reads for all of them (as the overview's jobs)."""
+    if not records:
+        return []
+    app = settings.app
+    jobs = [job_of(r) for r in records]
+    pauses = await app.pauses()
+    last, runs = await gather(
+        last_outcomes(
+            app,
+            jobs,
+            now,
+            pauses,
+            {j.name: r.created_at for j, r in zip(jobs, records, strict=True)},
+        ),
+        app.schedules.last_runs(),
+    )
+    return [
+        ScheduleRow(
+            record=r,
+            words=describe(r),
+            last_run=runs.get(r.name),
+            last_slot=slot,
+            last_outcome=outcome,
+            last_sentence=sentence,
+        )
+        for r, (slot, outcome, sentence) in zip(records, last, strict=True)
+    ]
+
+
+async def overview_rows(settings: Settings, now: datetime) -> tuple[list[ScheduleRow], int, int]:
+    """The overview's schedules: the first OVERVIEW_ROWS, how many in all, how many paused."""
+    records = await settings.app.schedules.list()
+    paused = sum(1 for r in records if r.state == "paused")
+    return await rows(settings, records[:OVERVIEW_ROWS], now), len(records), paused
