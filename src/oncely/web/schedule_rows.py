@@ -9,8 +9,7 @@ from typing import Any
 
 from ..model import Claim, ScheduleRecord
 from ..registry import Job
-from ..schedule import Schedule, cron, every
-from ..schedules import describe
+from ..schedules import describe, schedule_of
 from .render import Settings, gather
 from .timeline import last_outcomes
 
@@ -22,16 +21,11 @@ def _nothing(db: Any, now: datetime) -> None:  # pragma: no cover - never called
     """The function of the Job a page builds to read a schedule's slots: pages run nothing."""
 
 
-def schedule_of(record: ScheduleRecord) -> Schedule:
-    """The record's expression as the scheduler reads it: cron in its zone, or an interval."""
-    if record.cron is not None:
-        return cron(record.cron, tz=record.tz)
-    return every(seconds=record.every or 0)
-
-
 def job_of(record: ScheduleRecord) -> Job:
     """The record as a Job under its ledger name: what the timeline and `explain_slot`
-    read (its slots, their keys, its catch-up), never run."""
+    read (its slots, their keys, its catch-up), never run (`oncely.schedules.job_for`,
+    which the worker runs, needs the target registered; a page shows a schedule whose
+    target this app lacks too)."""
     return Job(
         name=record.ledger_name,
         schedule=schedule_of(record),
@@ -45,16 +39,6 @@ def job_of(record: ScheduleRecord) -> Job:
 
 def target_of(record: ScheduleRecord) -> str:
     return f"{record.target_kind}:{record.target}"
-
-
-def duration(seconds: float | None) -> str:
-    """An interval as the form takes it back: `15m`, `2h`, `90s`."""
-    if seconds is None:
-        return ""
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from ..errors import BadInputError, UnknownScheduleError
-from ..model import RunResult, ScheduleRecord
+from ..model import RunResult, ScheduleRecord, duration_text
 from ..registry import Job
 from ..schedules import describe
 from . import timeline
@@ -24,7 +24,7 @@ from .access import Access
 from .actions import Handler
 from .pages import guard
 from .render import Settings, error, gather, page, redirect
-from .schedule_rows import duration, job_of, rows, target_of
+from .schedule_rows import job_of, rows, target_of
 
 LIST_PAGE = 100
 """Schedules one list page shows (by name; `?after=NAME` continues)."""
@@ -47,7 +47,7 @@ def values_of(record: ScheduleRecord | None) -> dict[str, str]:
     return {
         "name": record.name,
         "cron": record.cron or "",
-        "every": duration(record.every) if record.cron is None else "",
+        "every": duration_text(record.every or 0) if record.cron is None else "",
         "tz": record.tz,
         "target": target_of(record),
         "args": json.dumps(record.args, sort_keys=True, ensure_ascii=False),
@@ -207,7 +207,7 @@ def _args(form: FormData) -> dict[str, Any]:
     raw = _text(form, "args") or "{}"
     try:
         value = json.loads(raw)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise BadInputError(f"bad args: not JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(value, dict):
         raise BadInputError(f"bad args {raw!r}: a JSON object of keyword arguments, like {{}}")
@@ -242,29 +242,6 @@ def fields(form: FormData) -> dict[str, Any]:
         "overlap": _choice(form, "overlap", OVERLAP),
         "timeout": _seconds(form, "timeout"),
     }
-
-
-def changes(record: ScheduleRecord, given: dict[str, Any]) -> dict[str, Any]:
-    """Of an edit form's fields, those that differ from the record (the expression as a
-    whole when it changed: both of `cron` and `every`, one of them None)."""
-    now = {
-        "cron": record.cron,
-        "every": duration(record.every) if record.cron is None else None,
-        "tz": record.tz,
-        record.target_kind: record.target,
-        "args": record.args,
-        "catch_up": record.catch_up,
-        "grace": record.grace,
-        "overlap": record.overlap,
-        "timeout": record.timeout,
-    }
-    changed = {k: v for k, v in given.items() if now.get(k) != v}
-    if "cron" in changed or "every" in changed:
-        changed["cron"], changed["every"] = given["cron"], given["every"]
-    if "task" in changed or "job" in changed:
-        changed.setdefault("task", given.get("task"))
-        changed.setdefault("job", given.get("job"))
-    return changed
 
 
 # -- the actions -------------------------------------------------------------------------
@@ -304,8 +281,9 @@ def _added(record: ScheduleRecord) -> str:
 
 
 async def edit(settings: Settings, request: Request, access: Access, form: FormData) -> Response:
-    """Change a schedule to the form's fields (only those that differ); refused when the
-    schedule changed since the form was loaded (its version)."""
+    """Change a schedule to the form's fields (the API changes those that differ, and
+    writes nothing when none does); refused when the schedule changed since the form was
+    loaded (its version)."""
     app = settings.app
     name = _name(request)
     try:
@@ -319,17 +297,19 @@ async def edit(settings: Settings, request: Request, access: Access, form: FormD
                 f"{name} changed since this form was loaded (by {record.changed_by}, now "
                 f"version {record.version}): reload it and edit again"
             )
-        changed = changes(record, fields(form))
-        if changed:
-            record = await app.schedules.update(name, by=access.actor, **changed)
+        before = values_of(record)
+        record = await app.schedules.update(name, by=access.actor, **fields(form))
     except BadInputError as exc:
         context = await schedule_context(settings, request, name, sent(form))
         context["form_error"] = f"{exc} (nothing changed)"
         return page(settings, request, "schedule.html", access, status=400, **context)
+    after = values_of(record)
+    changed = ", ".join(k for k in EDITED if before.get(k) != after.get(k))
     if not changed:
         return redirect(request, f"/schedules/{name}", f"{name}: nothing to change")
-    what = ", ".join(sorted(k for k, v in changed.items() if v is not None))
-    return redirect(request, f"/schedules/{name}", f"changed {name} ({what}): {describe(record)}")
+    return redirect(
+        request, f"/schedules/{name}", f"changed {name} ({changed}): {describe(record)}"
+    )
 
 
 async def pause(settings: Settings, request: Request, access: Access, form: FormData) -> Response:

@@ -44,7 +44,9 @@ def test_create_pause_and_remove_a_schedule_in_the_browser(site: Site, page: Any
     form.get_by_test_id("add").click()
     page.wait_for_url(f"{site.url}/schedules/digest-acme")
     assert "added digest-acme" in page.get_by_test_id("flash").inner_text()
-    assert page.get_by_test_id("schedule-words").inner_text() == "at 09:00 on Monday"
+    assert (
+        page.get_by_test_id("schedule-words").inner_text() == "at 09:00 on Monday (Europe/Madrid)"
+    )
     ((cron, every, tz, kind, target, args, state, _reason),) = schedule(site, "digest-acme")
     assert (cron, every, tz, kind, target, state) == (
         "0 9 * * MON", None, "Europe/Madrid", "task", "send_receipt", "active"
