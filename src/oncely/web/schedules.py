@@ -120,6 +120,7 @@ async def schedule_context(
     now, record = await gather(app.store.database_time(), app.schedules.get(name))
     job = job_of(record)
     views = await timeline.timeline(app, job, now, n, record.created_at)
+    views = [v for v in views if v.outcome != "before_job"]  # not a slot of this schedule
     (row,) = await rows(settings, [record], now)
     return {
         "record": record,
