@@ -56,33 +56,29 @@ class ScheduleRow:
 async def rows(
     settings: Settings, records: list[ScheduleRecord], now: datetime
 ) -> list[ScheduleRow]:
-    """The rows of `records`: each with its latest due slot's outcome and its last run, from
-    a few reads for all of them (as the overview's jobs)."""
+    """The rows of `records`: each with its latest due slot's outcome (three reads for all,
+    as the overview's jobs) and its newest claim (one read each, on the ledger's
+    `(job, claimed_at)` index: never the claims of every schedule)."""
     if not records:
         return []
     app = settings.app
     jobs = [job_of(r) for r in records]
+    created = {r.ledger_name: r.created_at for r in records}
     pauses = await app.pauses()
-    last, runs = await gather(
-        last_outcomes(
-            app,
-            jobs,
-            now,
-            pauses,
-            {j.name: r.created_at for j, r in zip(jobs, records, strict=True)},
-        ),
-        app.schedules.last_runs(),
+    last, *runs = await gather(
+        last_outcomes(app, jobs, now, pauses, created),
+        *(app.store.history(r.ledger_name, 1) for r in records),
     )
     return [
         ScheduleRow(
             record=r,
             words=describe(r),
-            last_run=runs.get(r.name),
+            last_run=run[0] if run else None,
             last_slot=slot,
             last_outcome=outcome,
             last_sentence=sentence,
         )
-        for r, (slot, outcome, sentence) in zip(records, last, strict=True)
+        for r, run, (slot, outcome, sentence) in zip(records, runs, last, strict=True)
     ]
 
 
