@@ -339,3 +339,21 @@ async def test_the_ledger_names_job_page_is_the_schedules_page(web: Web) -> None
     page = (await board.get("/schedules/ping")).text
     assert attrs(page, "schedule-name", "data-state") == ["paused"]
     assert "schedule:ping" in page
+
+
+async def test_a_tenants_schedule_name_with_colon_and_dot_round_trips(web: Web) -> None:
+    """Per-customer names (`digest:acme.eu`) in the URLs, the forms and the audit filter."""
+    board = web.board(permissions=_ana)
+    r = await board.post("/schedules", **{**NEW, "name": "digest:acme.eu"})
+    assert "added digest:acme.eu" in await _flash(board, r)
+    page = (await board.get("/schedules/digest:acme.eu")).text
+    assert attrs(page, "schedule-name", "data-schedule") == ["digest:acme.eu"]
+    r = await board.post("/schedules/digest:acme.eu/pause")
+    assert "paused digest:acme.eu" in await _flash(board, r)
+    trail = (await board.get("/audit", job="schedule:digest:acme.eu")).text
+    assert attrs(trail, "audit-row", "data-action") == ["pause", "add"]  # newest first
+    assert set(attrs(trail, "audit-row", "data-job")) == {"schedule:digest:acme.eu"}
+    assert audit(web) == [
+        ("add", "schedule:digest:acme.eu", "ana@ops"),
+        ("pause", "schedule:digest:acme.eu", "ana@ops"),
+    ]
