@@ -199,9 +199,22 @@ class Schedules:
 
     # -- reading ----------------------------------------------------------------------
 
-    async def list(self) -> list[ScheduleRecord]:
-        """Every schedule, by name."""
-        return await self.store.schedules.listing()
+    async def list(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> list[ScheduleRecord]:
+        """The schedules by name: all, or `limit` of them with names after `after` (a page)."""
+        if after is not None and not isinstance(after, str):
+            raise ScheduleError(f"after must be a schedule name, got {after!r:.80}")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ScheduleError(f"limit must be an int of at least 1, got {limit!r:.80}")
+        return await self.store.schedules.listing(after, limit)
+
+    async def job(self, name: str) -> Job:
+        """The job the workers run for a schedule's slots (see `job_for`): its schedule,
+        `key_for`, `catch_up`, named by the schedule's ledger name."""
+        return job_for(await self.get(name), self.jobs, self.tasks)
 
     async def get(self, name: str) -> ScheduleRecord:
         """One schedule; UnknownScheduleError if there is none of that name."""
@@ -283,12 +296,16 @@ class Schedules:
         overlap: Any = _UNSET,
         timeout: Any = _UNSET,
         paused: Any = _UNSET,
+        version: int | None = None,
         by: str | None = None,
     ) -> ScheduleRecord:
-        """Change the given fields of a schedule. A new expression, interval or zone decides
-        the next slot from now on (database time): a slot that ran never runs again, a slot
-        due but not yet started is not started. `paused` pauses or resumes it (audited as
-        such). ScheduleError, nothing written, for anything that does not hold."""
+        """Change the given fields of a schedule (a field left out stays as it is; `grace=None`
+        and `timeout=None` clear those). With `version`, refused (ScheduleError, nothing
+        written) unless the schedule is still at that version: an edit form's read. A new
+        expression, interval or zone decides the next slot from now on (database time): a
+        slot that ran never runs again, a slot due but not yet started is not started.
+        `paused` pauses or resumes it (audited as such). ScheduleError, nothing written, for
+        anything that does not hold."""
         given = {
             "cron": cron,
             "every": every,
@@ -304,6 +321,11 @@ class Schedules:
         given = {k: v for k, v in given.items() if v is not _UNSET}
         current = await self.get(name)
         actor = _actor(by)
+        if version is not None and version != current.version:
+            raise ScheduleError(
+                f"schedule {current.name!r} was changed since (it is at version "
+                f"{current.version}, not {version!r:.20}): nothing changed"
+            )
         if given:
             current = await self._change(current, given, actor)
         if paused is not _UNSET:
@@ -429,9 +451,15 @@ class Schedules:
         """`remove`, for synchronous code."""
         self._sync(lambda s: s.remove(name, by=by))
 
-    def list_sync(self) -> builtins.list[ScheduleRecord]:
+    def list_sync(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> builtins.list[ScheduleRecord]:
         """`list`, for synchronous code."""
-        return self._sync(lambda s: s.list())
+        return self._sync(lambda s: s.list(after=after, limit=limit))
+
+    def job_sync(self, name: str) -> Job:
+        """`job`, for synchronous code."""
+        return self._sync(lambda s: s.job(name))
 
     def get_sync(self, name: str) -> ScheduleRecord:
         """`get`, for synchronous code."""

@@ -234,3 +234,27 @@ def test_the_sync_twins_work_from_plain_code(db_url: str) -> None:
         app.schedules.remove_sync("nope")
     app.schedules.remove_sync("s")
     assert app.schedules.list_sync() == []
+
+
+async def test_update_with_a_stale_version_is_refused(app: Oncely, db_url: str) -> None:
+    rec = await app.schedules.add("v", every="1h", job="report", grace=30)
+    await app.schedules.update("v", every="2h", version=rec.version)
+    before = everything(db_url)
+    with pytest.raises(ScheduleError, match="changed since"):
+        await app.schedules.update("v", every="3h", version=rec.version)
+    assert everything(db_url) == before
+    cleared = await app.schedules.update("v", grace=None)
+    assert (cleared.grace, cleared.every) == (None, 7200.0)
+
+
+async def test_list_pages_by_name_and_job_gives_the_runners_job(app: Oncely) -> None:
+    for name in ("c", "a", "b"):
+        await app.schedules.add(name, every="1h", job="report")
+    assert [r.name for r in await app.schedules.list(limit=2)] == ["a", "b"]
+    assert [r.name for r in await app.schedules.list(after="b")] == ["c"]
+    job = await app.schedules.job("a")
+    assert (job.name, job.catch_up, job.key_for(T0)) == (
+        "schedule:a",
+        "latest",
+        "2026-03-02T08:30:00Z",
+    )

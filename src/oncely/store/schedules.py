@@ -68,9 +68,12 @@ def get_schedule(name: str) -> sa.Select[Any]:
     return sa.select(schedules).where(schedules.c.name == name)
 
 
-def all_schedules() -> sa.Select[Any]:
-    """Every schedule, by name."""
-    return sa.select(schedules).order_by(schedules.c.name)
+def all_schedules(after: str | None, limit: int | None) -> sa.Select[Any]:
+    """The schedules by name (those after `after`, at most `limit`)."""
+    stmt = sa.select(schedules).order_by(schedules.c.name)
+    if after is not None:
+        stmt = stmt.where(schedules.c.name > after)
+    return stmt.limit(limit) if limit is not None else stmt
 
 
 def change_schedule(name: str, version: int, values: dict[str, Any]) -> Any:
@@ -211,12 +214,15 @@ class ScheduleStore:
             raise UnknownScheduleError(f"no schedule named {name!r}")
         return record(rows[0])
 
-    async def listing(self) -> list[ScheduleRecord]:
-        """Every schedule, by name (none on a database older than schema 17)."""
+    async def listing(
+        self, after: str | None = None, limit: int | None = None
+    ) -> list[ScheduleRecord]:
+        """The schedules by name, from after `after`, at most `limit` (none on a database
+        older than schema 17)."""
         await self.store.ensure_schema()
         if not self.store.has_schedules:
             return []
-        return [record(r) for r in await self.store._read(all_schedules())]
+        return [record(r) for r in await self.store._read(all_schedules(after, limit))]
 
     async def add(
         self, values: dict[str, Any], action: Action, result: str, *, paused: bool = False
