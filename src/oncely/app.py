@@ -274,6 +274,7 @@ class Oncely:
         lease: float | None = None,
         queues: list[str] | None = None,
         pool_size: int = config.POOL_SIZE,
+        schedule_poll: float = config.SCHEDULE_POLL,
     ) -> None:
         """Run the scheduled jobs (all, or `jobs`) and the tasks until `stopping` is set.
 
@@ -284,7 +285,9 @@ class Oncely:
         up to `startup_wait` seconds (DatabaseUnavailableError after that); once running,
         outages are retried forever. Up to `concurrency` tasks run at once (0: no tasks here),
         each in its own transaction on a pool of `pool_size` connections, leased for `lease`
-        seconds (default `Oncely(lease=...)`), from `queues` (default: all).
+        seconds (default `Oncely(lease=...)`), from `queues` (default: all). Without `jobs`,
+        the schedules kept as data (`app.schedules`) run too: their due rows are read every
+        `schedule_poll` seconds, so a change reaches this worker within that.
         """
         options = self._options(
             jobs=jobs,
@@ -294,6 +297,7 @@ class Oncely:
             lease=lease,
             queues=queues,
             pool_size=pool_size,
+            schedule_poll=schedule_poll,
         )
         await supervisor.serve(
             self.store,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -35,6 +36,7 @@ from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words
 from .store import Store
 from .store.control import Action
 from .store.schedules import LEDGER_PREFIX
+from .store.schedules import advance as advance_statement
 from .store.schedules import ledger_name as _ledger_name
 from .tasks import TaskRegistry, check_json
 
@@ -162,6 +164,31 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         attempt=attempt,
         retry=retry,
     )
+
+
+def advancing(job: Job, name: str, expected: datetime | None, following: datetime | None) -> Job:
+    """`job` whose attempt first moves schedule `name`'s next slot from `expected` (the
+    value read) to `following`, in the attempt's own transaction: a slot that commits takes the
+    schedule off the due list with it, so other replicas do not try it again. A failed
+    attempt rolls that back; the worker then moves it on itself (`ScheduleStore.advance`).
+    A framework's attempt (Django's) is left as it is."""
+    if job.attempt is not None or expected is None:
+        return job
+    statement = advance_statement(name, expected, following)
+    func = job.func
+    if job.is_async:
+
+        async def moved(db: Any, now: datetime) -> None:
+            await db.execute(statement)
+            await func(db, now)  # type: ignore[misc]
+
+        return dataclasses.replace(job, func=moved)
+
+    def moved_sync(db: Any, now: datetime) -> None:
+        db.execute(statement)
+        func(db, now)
+
+    return dataclasses.replace(job, func=moved_sync)
 
 
 def _calling(target: Job, args: dict[str, Any]) -> Any:
@@ -696,6 +723,7 @@ class _Raised:
 
 __all__ = [
     "Schedules",
+    "advancing",
     "describe",
     "job_for",
     "ledger_name",
