@@ -118,11 +118,14 @@ def describe(record: ScheduleRecord) -> str:
     return f"{words} ({record.tz})" if record.cron is not None else words
 
 
-def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
+def job_for(
+    record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry, *, strict: bool = True
+) -> Job:
     """The job the runner runs for a schedule's slots: named by its ledger name; each slot
     enqueues the task in the slot's transaction (idempotency key: ledger name and slot
     key), or calls the job's function there with the stored arguments. ScheduleError if the
-    target is no longer registered here."""
+    target is not registered here, unless not `strict` (the job then serves reads only:
+    `explain`, `verify`; an attempt at one of its slots fails with that error)."""
     name = record.ledger_name
     args = dict(record.args)
     timeout = timedelta(seconds=record.timeout) if record.timeout is not None else None
@@ -130,10 +133,7 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
     if record.target_kind == "task":
         task = tasks.find(record.target)
         if task is None:
-            raise ScheduleError(
-                f"schedule {record.name!r} runs task {record.target!r}, which this app "
-                "does not register"
-            )
+            return _unrunnable(record, jobs, tasks, strict, "task")
 
         async def enqueue(db: Any, now: datetime) -> None:
             key = f"{name}:{default_key(now)}"
@@ -146,10 +146,7 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         try:
             target = jobs.job(record.target)
         except UnknownJobError:
-            raise ScheduleError(
-                f"schedule {record.name!r} runs job {record.target!r}, which this app "
-                "does not register"
-            ) from None
+            return _unrunnable(record, jobs, tasks, strict, "job")
         func = _calling(target, args)
         retry = target.retry
         attempt = target.attempt
@@ -163,6 +160,27 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         timeout=timeout,
         attempt=attempt,
         retry=retry,
+    )
+
+
+def _unrunnable(
+    record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry, strict: bool, kind: str
+) -> Job:
+    error = ScheduleError(
+        f"schedule {record.name!r} runs {kind} {record.target!r}, which this app does not register"
+    )
+    if strict:
+        raise error
+
+    async def unrunnable(db: Any, now: datetime) -> None:
+        raise error
+
+    return Job(
+        name=record.ledger_name,
+        schedule=schedule_of(record),
+        func=unrunnable,
+        catch_up=record.catch_up,  # type: ignore[arg-type]
+        overlap=record.overlap,  # type: ignore[arg-type]
     )
 
 
