@@ -217,7 +217,7 @@ class Oncely:
                 raise
             return found
 
-    async def _resolve(self, job: str) -> str:
+    async def resolve(self, job: str) -> str:
         """The name the slots of `job` are claimed under: a code job's own name; for a
         schedule kept as data (named bare or by its ledger name, `schedule:<name>`) its
         ledger name, its job then known to this app's calls (`slot`, `explain`, …). Any
@@ -243,6 +243,11 @@ class Oncely:
             if schedule_name(job) is None:
                 return None
             raise
+
+    @property
+    def data_jobs(self) -> dict[str, Job]:
+        """The jobs of the schedules kept as data this app has read (`resolve`), by ledger name."""
+        return self._data_jobs
 
     @property
     def registry_names(self) -> set[str]:
@@ -282,7 +287,7 @@ class Oncely:
         A `now` naming a slot later than the database's clock (beyond `clock.FUTURE_SKEW`) is
         refused (BadInputError, nothing run): run early, its claim would make the real slot
         skip when it comes due. `allow_future=True` runs it on purpose (`run.future_allowed`)."""
-        job = await self._resolve(job)
+        job = await self.resolve(job)
         if now is None:
             self._definition(job)  # an unknown job fails before touching the database
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
@@ -433,7 +438,7 @@ class Oncely:
         """Claims newest first: who ran each slot, when, and how long it took (a schedule kept
         as data may be named bare: its slots are claimed under `schedule:<name>`)."""
         if job is not None and not job.startswith("@"):
-            job = await self._resolve(job)
+            job = await self.resolve(job)
         claims = await self.store.history(job, limit)
         if job is not None and not claims and not job.startswith("@"):  # "@scope": effects
             # Unknown means neither registered nor in the ledger: a database read without the
@@ -602,7 +607,7 @@ class Oncely:
         finishes; slots before the pause are not affected). Slots that fall inside the pause
         are not caught up on resume: `backfill` runs them. Audited; refused if the job is
         paused already. A schedule kept as data is paused as `app.schedules.pause` does."""
-        name = await self._resolve(job)
+        name = await self.resolve(job)
         record = await self._schedule(name) if name not in self.registry_names else None
         if record is not None:
             await self.schedules.pause(record.name, reason=reason, by=actor)
@@ -616,7 +621,7 @@ class Oncely:
         """End a job's pause at the database's clock (audited): slots from then on run as
         usual; the pause that ended. Refused if it is not paused. A schedule kept as data is
         resumed as `app.schedules.resume` does."""
-        name = await self._resolve(job)
+        name = await self.resolve(job)
         record = await self._schedule(name) if name not in self.registry_names else None
         if record is not None:
             pause = (await self.store.control.pauses()).get(name)
@@ -701,7 +706,7 @@ class Oncely:
         run`, `already ran` (its claim), `running now` (its attempt), `given up` (an attempt
         failed, timed out or was cancelled: `oncely release` frees it first) or `not due`
         (later than the database's clock: refused unless `allow_future`). Changes nothing."""
-        job = await self._resolve(job)
+        job = await self.resolve(job)
         slots = self.backfill_slots(job, start, end, max_slots)
         await self.store.ensure_schema()
         control = self.store.control
@@ -745,7 +750,7 @@ class Oncely:
         A range holding a slot later than the database's clock is refused (BadInputError,
         audited, nothing ran): run early, its claim would make the real slot skip when it
         comes due. `allow_future=True` runs such slots on purpose (audited as such)."""
-        job = await self._resolve(job)
+        job = await self.resolve(job)
         plan = await self.backfill_plan(
             job, start, end, max_slots=max_slots, allow_future=allow_future
         )
@@ -816,7 +821,7 @@ class Oncely:
         in one answer (see oncely.explain) from the claim, attempt records and pauses. A
         schedule kept as data may be named bare; while it is paused, its latest due slot is
         answered `paused` whatever that slot came to (the sentence says both)."""
-        job = await self._resolve(job)
+        job = await self.resolve(job)
         definition = self._definition(job)
         await self.store.ensure_schema()
         now = await self.store.database_time()
@@ -856,7 +861,7 @@ class Oncely:
             return answer
         why = f" ({pause.reason})" if pause.reason else ""
         sentence = (
-            f"schedule {job} is paused: by {pause.paused_by} at "
+            f"schedule {schedule_name(job)} is paused: by {pause.paused_by} at "
             f"{pause.paused_at.isoformat(timespec='seconds')}{why}; no slot of it starts until "
             f"it is resumed. Its latest due slot: {answer.sentence}"
         )
@@ -883,7 +888,7 @@ class Oncely:
         `jobs` names), each from its first appearance or its last change of expression or
         zone, whichever is later (`oncely_jobs`)."""
         if jobs:
-            definitions = [self._definition(await self._resolve(j)) for j in jobs]
+            definitions = [self._definition(await self.resolve(j)) for j in jobs]
         else:
             definitions = list(self.registry) + await self._schedule_jobs()
         since = _aware(since) if since is not None else None
@@ -950,7 +955,7 @@ class Oncely:
         it: it notices within seconds, rolls back and gives the slot up (outcome `cancelled`,
         final: `release` frees it). An attempt in its first second is waited for.
         The ids of the attempts asked; BadInputError if none is running (nothing written)."""
-        job = await self._resolve(job)
+        job = await self.resolve(job)
         definition = self._definition(job)
         key = self.slot(job, slot).key if slot is not None else None
         if not self.store.dialect.slot_locks:

@@ -294,7 +294,7 @@ class Schedules:
         Exactly one of `cron` (5 fields, in zone `tz`) and `every` (seconds, or `15m`), and
         one of `task` and `job` (registered in this app; `args` must bind to its function).
         ScheduleError, nothing written, for anything that does not hold."""
-        self._check_new_name(name)
+        self.check_new_name(name)
         values = self._checked(
             {
                 "cron": cron,
@@ -548,7 +548,8 @@ class Schedules:
         await self.store.ensure_schema()
         return await self.store.database_time()
 
-    def _check_new_name(self, name: object) -> str:
+    def check_new_name(self, name: object) -> str:
+        """`name` if a new schedule may take it (valid, not a code job's); ScheduleError."""
         name = _name_arg(name)
         if name in {job.name for job in self.jobs}:
             raise ScheduleError(

@@ -81,3 +81,18 @@ def wait_until(check: Callable[[], object], what: str, limit: float = 60.0) -> N
             return
         time.sleep(0.05)  # a poll's pause, with a deadline
     raise AssertionError(f"not within {limit}s: {what}")
+
+
+def migrate(db_url: str) -> None:
+    """Create oncely's tables and the app's `effects` on the test database (from sync code)."""
+
+    async def go() -> None:
+        application = fresh_app(db_url)
+        try:
+            await application.migrate()
+            async with application.store.transaction() as conn:
+                await conn.exec_driver_sql(importlib.import_module(APP).TABLES)
+        finally:
+            await application.aclose()
+
+    asyncio.run(go())

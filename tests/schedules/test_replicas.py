@@ -5,7 +5,6 @@ another replica runs the slot, once."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import ROOT, _reset_postgres
-from tests.schedules.conftest import APP, fresh_app, rows, wait_until
+from tests.schedules.conftest import APP, fresh_app, migrate, rows, wait_until
 
 POLL = 1.0
 """The workers' default schedule_poll: how soon a change reaches them."""
@@ -85,15 +84,7 @@ def _aware(value: Any) -> datetime:
 
 @pytest.fixture
 def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    app = fresh_app(db_url)
-    asyncio.run(app.migrate())
-    from tests.apps.sched_app import TABLES
-
-    rows_engine = __import__("tests.reliability.helpers", fromlist=["engine_for"]).engine_for
-    engine = rows_engine(db_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(TABLES)
-    engine.dispose()
+    migrate(db_url)
     f = Fleet(db_url, tmp_path, [])
     try:
         yield f
