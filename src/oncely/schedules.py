@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -35,6 +36,7 @@ from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words
 from .store import Store
 from .store.control import Action
 from .store.schedules import LEDGER_PREFIX
+from .store.schedules import advance as advance_statement
 from .store.schedules import ledger_name as _ledger_name
 from .tasks import TaskRegistry, check_json
 
@@ -116,11 +118,14 @@ def describe(record: ScheduleRecord) -> str:
     return f"{words} ({record.tz})" if record.cron is not None else words
 
 
-def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
+def job_for(
+    record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry, *, strict: bool = True
+) -> Job:
     """The job the runner runs for a schedule's slots: named by its ledger name; each slot
     enqueues the task in the slot's transaction (idempotency key: ledger name and slot
     key), or calls the job's function there with the stored arguments. ScheduleError if the
-    target is no longer registered here."""
+    target is not registered here, unless not `strict` (the job then serves reads only:
+    `explain`, `verify`; an attempt at one of its slots fails with that error)."""
     name = record.ledger_name
     args = dict(record.args)
     timeout = timedelta(seconds=record.timeout) if record.timeout is not None else None
@@ -128,10 +133,7 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
     if record.target_kind == "task":
         task = tasks.find(record.target)
         if task is None:
-            raise ScheduleError(
-                f"schedule {record.name!r} runs task {record.target!r}, which this app "
-                "does not register"
-            )
+            return _unrunnable(record, jobs, tasks, strict, "task")
 
         async def enqueue(db: Any, now: datetime) -> None:
             key = f"{name}:{default_key(now)}"
@@ -144,10 +146,7 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         try:
             target = jobs.job(record.target)
         except UnknownJobError:
-            raise ScheduleError(
-                f"schedule {record.name!r} runs job {record.target!r}, which this app "
-                "does not register"
-            ) from None
+            return _unrunnable(record, jobs, tasks, strict, "job")
         func = _calling(target, args)
         retry = target.retry
         attempt = target.attempt
@@ -162,6 +161,52 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         attempt=attempt,
         retry=retry,
     )
+
+
+def _unrunnable(
+    record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry, strict: bool, kind: str
+) -> Job:
+    error = ScheduleError(
+        f"schedule {record.name!r} runs {kind} {record.target!r}, which this app does not register"
+    )
+    if strict:
+        raise error
+
+    async def unrunnable(db: Any, now: datetime) -> None:
+        raise error
+
+    return Job(
+        name=record.ledger_name,
+        schedule=schedule_of(record),
+        func=unrunnable,
+        catch_up=record.catch_up,  # type: ignore[arg-type]
+        overlap=record.overlap,  # type: ignore[arg-type]
+    )
+
+
+def advancing(job: Job, name: str, expected: datetime | None, following: datetime | None) -> Job:
+    """`job` whose attempt first moves schedule `name`'s next slot from `expected` (the
+    value read) to `following`, in the attempt's own transaction: a slot that commits takes the
+    schedule off the due list with it, so other replicas do not try it again. A failed
+    attempt rolls that back; the worker then moves it on itself (`ScheduleStore.advance`).
+    A framework's attempt (Django's) is left as it is."""
+    if job.attempt is not None or expected is None:
+        return job
+    statement = advance_statement(name, expected, following)
+    func = job.func
+    if job.is_async:
+
+        async def moved(db: Any, now: datetime) -> None:
+            await db.execute(statement)
+            await func(db, now)  # type: ignore[misc]
+
+        return dataclasses.replace(job, func=moved)
+
+    def moved_sync(db: Any, now: datetime) -> None:
+        db.execute(statement)
+        func(db, now)
+
+    return dataclasses.replace(job, func=moved_sync)
 
 
 def _calling(target: Job, args: dict[str, Any]) -> Any:
@@ -199,9 +244,22 @@ class Schedules:
 
     # -- reading ----------------------------------------------------------------------
 
-    async def list(self) -> list[ScheduleRecord]:
-        """Every schedule, by name."""
-        return await self.store.schedules.listing()
+    async def list(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> list[ScheduleRecord]:
+        """The schedules by name: all, or `limit` of them with names after `after` (a page)."""
+        if after is not None and not isinstance(after, str):
+            raise ScheduleError(f"after must be a schedule name, got {after!r:.80}")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ScheduleError(f"limit must be an int of at least 1, got {limit!r:.80}")
+        return await self.store.schedules.listing(after, limit)
+
+    async def job(self, name: str) -> Job:
+        """The job the workers run for a schedule's slots (see `job_for`): its schedule,
+        `key_for`, `catch_up`, named by the schedule's ledger name."""
+        return job_for(await self.get(name), self.jobs, self.tasks)
 
     async def get(self, name: str) -> ScheduleRecord:
         """One schedule; UnknownScheduleError if there is none of that name."""
@@ -236,7 +294,7 @@ class Schedules:
         Exactly one of `cron` (5 fields, in zone `tz`) and `every` (seconds, or `15m`), and
         one of `task` and `job` (registered in this app; `args` must bind to its function).
         ScheduleError, nothing written, for anything that does not hold."""
-        self._check_new_name(name)
+        self.check_new_name(name)
         values = self._checked(
             {
                 "cron": cron,
@@ -283,12 +341,16 @@ class Schedules:
         overlap: Any = _UNSET,
         timeout: Any = _UNSET,
         paused: Any = _UNSET,
+        version: int | None = None,
         by: str | None = None,
     ) -> ScheduleRecord:
-        """Change the given fields of a schedule. A new expression, interval or zone decides
-        the next slot from now on (database time): a slot that ran never runs again, a slot
-        due but not yet started is not started. `paused` pauses or resumes it (audited as
-        such). ScheduleError, nothing written, for anything that does not hold."""
+        """Change the given fields of a schedule (a field left out stays as it is; `grace=None`
+        and `timeout=None` clear those). With `version`, refused (ScheduleError, nothing
+        written) unless the schedule is still at that version: an edit form's read. A new
+        expression, interval or zone decides the next slot from now on (database time): a
+        slot that ran never runs again, a slot due but not yet started is not started.
+        `paused` pauses or resumes it (audited as such). ScheduleError, nothing written, for
+        anything that does not hold."""
         given = {
             "cron": cron,
             "every": every,
@@ -304,6 +366,11 @@ class Schedules:
         given = {k: v for k, v in given.items() if v is not _UNSET}
         current = await self.get(name)
         actor = _actor(by)
+        if version is not None and version != current.version:
+            raise ScheduleError(
+                f"schedule {current.name!r} was changed since (it is at version "
+                f"{current.version}, not {version!r:.20}): nothing changed"
+            )
         if given:
             current = await self._change(current, given, actor)
         if paused is not _UNSET:
@@ -429,9 +496,15 @@ class Schedules:
         """`remove`, for synchronous code."""
         self._sync(lambda s: s.remove(name, by=by))
 
-    def list_sync(self) -> builtins.list[ScheduleRecord]:
+    def list_sync(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> builtins.list[ScheduleRecord]:
         """`list`, for synchronous code."""
-        return self._sync(lambda s: s.list())
+        return self._sync(lambda s: s.list(after=after, limit=limit))
+
+    def job_sync(self, name: str) -> Job:
+        """`job`, for synchronous code."""
+        return self._sync(lambda s: s.job(name))
 
     def get_sync(self, name: str) -> ScheduleRecord:
         """`get`, for synchronous code."""
@@ -475,7 +548,8 @@ class Schedules:
         await self.store.ensure_schema()
         return await self.store.database_time()
 
-    def _check_new_name(self, name: object) -> str:
+    def check_new_name(self, name: object) -> str:
+        """`name` if a new schedule may take it (valid, not a code job's); ScheduleError."""
         name = _name_arg(name)
         if name in {job.name for job in self.jobs}:
             raise ScheduleError(
@@ -668,6 +742,7 @@ class _Raised:
 
 __all__ = [
     "Schedules",
+    "advancing",
     "describe",
     "job_for",
     "ledger_name",

@@ -218,12 +218,10 @@ async def test_run_due_of_a_job_target_calls_it_with_the_stored_arguments(
 
 
 def test_the_sync_twins_work_from_plain_code(db_url: str) -> None:
-    from tests.schedules.conftest import fresh_app
+    from tests.schedules.conftest import fresh_app, migrate
 
+    migrate(db_url)
     app = fresh_app(db_url)
-    import asyncio
-
-    asyncio.run(app.migrate())
     rec = app.schedules.add_sync("s", every="1h", task="digest", args={"tenant": "s"}, by="me")
     assert app.schedules.get_sync("s") == rec
     assert app.schedules.pause_sync("s").state == "paused"
@@ -234,3 +232,27 @@ def test_the_sync_twins_work_from_plain_code(db_url: str) -> None:
         app.schedules.remove_sync("nope")
     app.schedules.remove_sync("s")
     assert app.schedules.list_sync() == []
+
+
+async def test_update_with_a_stale_version_is_refused(app: Oncely, db_url: str) -> None:
+    rec = await app.schedules.add("v", every="1h", job="report", grace=30)
+    await app.schedules.update("v", every="2h", version=rec.version)
+    before = everything(db_url)
+    with pytest.raises(ScheduleError, match="changed since"):
+        await app.schedules.update("v", every="3h", version=rec.version)
+    assert everything(db_url) == before
+    cleared = await app.schedules.update("v", grace=None)
+    assert (cleared.grace, cleared.every) == (None, 7200.0)
+
+
+async def test_list_pages_by_name_and_job_gives_the_runners_job(app: Oncely) -> None:
+    for name in ("c", "a", "b"):
+        await app.schedules.add(name, every="1h", job="report")
+    assert [r.name for r in await app.schedules.list(limit=2)] == ["a", "b"]
+    assert [r.name for r in await app.schedules.list(after="b")] == ["c"]
+    job = await app.schedules.job("a")
+    assert (job.name, job.catch_up, job.key_for(T0)) == (
+        "schedule:a",
+        "latest",
+        "2026-03-02T08:30:00Z",
+    )
