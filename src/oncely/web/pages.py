@@ -113,8 +113,7 @@ async def overview(settings: Settings, request: Request) -> Response:
         duplicates=duplicates,
         strip=strip(series, now),
         schedules=schedules[0],
-        schedules_total=schedules[1],
-        schedules_paused=schedules[2],
+        more_schedules=schedules[1],
     )
 
 

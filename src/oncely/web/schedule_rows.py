@@ -82,8 +82,7 @@ async def rows(
     ]
 
 
-async def overview_rows(settings: Settings, now: datetime) -> tuple[list[ScheduleRow], int, int]:
-    """The overview's schedules: the first OVERVIEW_ROWS, how many in all, how many paused."""
-    records = await settings.app.schedules.list()
-    paused = sum(1 for r in records if r.state == "paused")
-    return await rows(settings, records[:OVERVIEW_ROWS], now), len(records), paused
+async def overview_rows(settings: Settings, now: datetime) -> tuple[list[ScheduleRow], bool]:
+    """The overview's schedules: the first OVERVIEW_ROWS by name, and whether there are more."""
+    records = await settings.app.schedules.list(limit=OVERVIEW_ROWS + 1)
+    return await rows(settings, records[:OVERVIEW_ROWS], now), len(records) > OVERVIEW_ROWS

@@ -73,14 +73,15 @@ async def list_context(
     """What the list page shows: one page of schedules by name, and the form to add one."""
     app = settings.app
     await app.store.ensure_schema()
-    after = request.query_params.get("after", "")
-    now, records = await gather(app.store.database_time(), app.schedules.list())
-    shown = [r for r in records if r.name > after] if after else records
+    after = request.query_params.get("after") or None
+    now, shown = await gather(
+        app.store.database_time(), app.schedules.list(after=after, limit=LIST_PAGE + 1)
+    )
     more = shown[LIST_PAGE - 1].name if len(shown) > LIST_PAGE else None
     return {
         "rows": await rows(settings, shown[:LIST_PAGE], now),
-        "total": len(records),
-        "paused": sum(1 for r in records if r.state == "paused"),
+        "after": after,
+        "page_size": LIST_PAGE,
         "more": more,
         "now": now,
         "values": values if values is not None else values_of(None),
@@ -270,9 +271,15 @@ async def add(settings: Settings, request: Request, access: Access, form: FormDa
         )
     except BadInputError as exc:
         context = await list_context(settings, request, sent(form))
-        context["form_error"] = f"{exc} (nothing changed)"
+        context["form_error"] = unchanged(exc)
         return page(settings, request, "schedules.html", access, status=400, **context)
     return redirect(request, f"/schedules/{record.name}", _added(record))
+
+
+def unchanged(exc: Exception) -> str:
+    """A refusal's one line, saying that nothing changed (once)."""
+    text = " ".join(str(exc).split())
+    return text if "nothing changed" in text else f"{text} (nothing changed)"
 
 
 def _added(record: ScheduleRecord) -> str:
@@ -293,16 +300,14 @@ async def edit(settings: Settings, request: Request, access: Access, form: FormD
         return await _unknown(settings, request, access, exc)
     try:
         loaded = _text(form, "version")
-        if loaded is not None and loaded != str(record.version):
-            raise BadInputError(
-                f"{name} changed since this form was loaded (by {record.changed_by}, now "
-                f"version {record.version}): reload it and edit again"
-            )
+        version = int(loaded) if loaded is not None and loaded.isdigit() else None
+        if loaded is not None and version is None:
+            raise BadInputError(f"bad version {loaded!r}: the number the form was loaded at")
         before = values_of(record)
-        record = await app.schedules.update(name, by=access.actor, **fields(form))
+        record = await app.schedules.update(name, version=version, by=access.actor, **fields(form))
     except BadInputError as exc:
         context = await schedule_context(settings, request, name, sent(form))
-        context["form_error"] = f"{exc} (nothing changed)"
+        context["form_error"] = unchanged(exc)
         return page(settings, request, "schedule.html", access, status=400, **context)
     after = values_of(record)
     changed = ", ".join(k for k in EDITED if before.get(k) != after.get(k))
