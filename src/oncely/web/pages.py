@@ -93,11 +93,11 @@ async def overview(settings: Settings, request: Request) -> Response:
             next=app.next_slots(job.name, now, 3),
             shifts=dst_shifts(job.schedule, now),
             pause=pauses.get(job.name),
-            last_slot=slot,
-            last_outcome=outcome,
-            last_sentence=sentence,
+            last_slot=latest.at,
+            last_outcome=latest.outcome,
+            last_sentence=latest.sentence,
         )
-        for job, (slot, outcome, sentence) in zip(jobs, last, strict=True)
+        for job, latest in zip(jobs, last, strict=True)
     ]
     return page(
         settings,

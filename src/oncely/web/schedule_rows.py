@@ -57,28 +57,32 @@ async def rows(
     settings: Settings, records: list[ScheduleRecord], now: datetime
 ) -> list[ScheduleRow]:
     """The rows of `records`: each with its latest due slot's outcome (three reads for all,
-    as the overview's jobs) and its newest claim (one read each, on the ledger's
-    `(job, claimed_at)` index: never the claims of every schedule)."""
+    as the overview's jobs) and its newest claim: the latest slot's when it ran, else one
+    read on the ledger's `(job, claimed_at)` index for that schedule alone (never the
+    claims of every schedule)."""
     if not records:
         return []
     app = settings.app
     jobs = [job_of(r) for r in records]
     created = {r.ledger_name: r.created_at for r in records}
-    pauses = await app.pauses()
-    last, *runs = await gather(
-        last_outcomes(app, jobs, now, pauses, created),
-        *(app.store.history(r.ledger_name, 1) for r in records),
-    )
+    last = await last_outcomes(app, jobs, now, await app.pauses(), created)
+    unknown = [
+        r.ledger_name
+        for r, latest in zip(records, last, strict=True)
+        if latest.claim is None and latest.outcome not in (None, "before_job")
+    ]
+    found = await gather(*(app.store.history(name, 1) for name in unknown))
+    newest = {name: claims[0] for name, claims in zip(unknown, found, strict=True) if claims}
     return [
         ScheduleRow(
             record=r,
             words=describe(r),
-            last_run=run[0] if run else None,
-            last_slot=slot,
-            last_outcome=outcome,
-            last_sentence=sentence,
+            last_run=latest.claim or newest.get(r.ledger_name),
+            last_slot=latest.at,
+            last_outcome=latest.outcome,
+            last_sentence=latest.sentence,
         )
-        for r, run, (slot, outcome, sentence) in zip(records, runs, last, strict=True)
+        for r, latest in zip(records, last, strict=True)
     ]
 
 

@@ -137,6 +137,17 @@ async def timeline(
     return views
 
 
+@dataclass(frozen=True)
+class LastSlot:
+    """A job's latest due slot (None: none yet), its outcome (a colour of OUTCOMES), the
+    explanation's sentence, and its claim if it ran."""
+
+    at: datetime | None
+    outcome: str | None
+    sentence: str | None
+    claim: Claim | None
+
+
 def counts(views: list[SlotView]) -> dict[str, int]:
     """How many marks of each colour."""
     found = dict.fromkeys(OUTCOMES, 0)
@@ -158,8 +169,8 @@ async def last_outcomes(
     now: datetime,
     pauses: dict[str, Pause],
     created: dict[str, datetime] | None = None,
-) -> list[tuple[datetime | None, str | None, str | None]]:
-    """Each job's latest due slot, its outcome and its sentence: three reads for all jobs
+) -> list[LastSlot]:
+    """Each job's latest due slot, its outcome, its sentence and its claim: three reads for all jobs
     (and one per job whose attempt has no outcome yet: is it still running?). `created`:
     when jobs that are data first existed (a slot before that is `before_job`)."""
     store = app.store
@@ -167,11 +178,11 @@ async def last_outcomes(
     latest = {job.name: job.schedule.latest_at_or_before(now) for job in jobs}
     pairs = [(job.name, job.key_for(at)) for job in jobs if (at := latest[job.name]) is not None]
     claims, records = await store.views.slots(pairs) if pairs else ({}, {})
-    found: list[tuple[datetime | None, str | None, str | None]] = []
+    found: list[LastSlot] = []
     for job in jobs:
         slot = latest[job.name]
         if slot is None:
-            found.append((None, None, None))
+            found.append(LastSlot(None, None, None, None))
             continue
         key = job.key_for(slot)
         mine = records.get((job.name, key), [])
@@ -190,5 +201,6 @@ async def last_outcomes(
             pauses=[pause] if pause is not None else [],
             first_seen=first_seen.get(job.name),
         )
-        found.append((slot, outcome_of(explanation.answer), explanation.sentence))
+        claim = claims.get((job.name, key))
+        found.append(LastSlot(slot, outcome_of(explanation.answer), explanation.sentence, claim))
     return found
