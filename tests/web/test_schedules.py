@@ -152,6 +152,7 @@ BAD = [
     ({"target": "queue:x"}, "target"),
     ({"catch_up": "sometimes"}, "catch_up"),
     ({"grace": "-5"}, "grace"),
+    ({"timeout": "a while"}, "timeout"),
     ({"name": ""}, "name"),
 ]
 
@@ -198,10 +199,23 @@ async def test_editing_changes_what_the_form_changed_and_refuses_a_stale_form(we
     assert everything(web) == before
 
     r = await board.post(
-        "/schedules/digest-acme/edit", **{**form, "version": "2", "cron": "", "every": "15m"}
+        "/schedules/digest-acme/edit",
+        **{**form, "version": "2", "cron": "", "every": "15m", "grace": "90", "timeout": "5m"},
     )
-    assert "changed digest-acme" in await _flash(board, r)
+    assert "changed digest-acme (cron, every, grace, timeout)" in await _flash(board, r)
     assert stored(web)["digest-acme"][:2] == (None, 900.0)
+    record = await web.app.schedules.get("digest-acme")
+    assert (record.grace, record.timeout, record.version) == (90.0, 300.0, 3)
+    page = (await board.get("/schedules/digest-acme")).text
+    for field, shown in (("every", "15m"), ("grace", "90s"), ("timeout", "5m")):
+        assert f'name="{field}" value="{shown}"' in page, field
+    r = await board.post(  # cleared: no grace, no timeout
+        "/schedules/digest-acme/edit",
+        **{**form, "version": "3", "cron": "", "every": "15m", "grace": "", "timeout": ""},
+    )
+    assert "changed digest-acme (grace, timeout)" in await _flash(board, r)
+    record = await web.app.schedules.get("digest-acme")
+    assert (record.grace, record.timeout) == (None, None)
 
 
 async def test_pause_resume_run_and_remove_go_through_the_api_audited(web: Web) -> None:

@@ -52,9 +52,9 @@ def values_of(record: ScheduleRecord | None) -> dict[str, str]:
         "target": target_of(record),
         "args": json.dumps(record.args, sort_keys=True, ensure_ascii=False),
         "catch_up": record.catch_up,
-        "grace": "" if record.grace is None else f"{record.grace:g}",
+        "grace": "" if record.grace is None else duration_text(record.grace),
         "overlap": record.overlap,
-        "timeout": "" if record.timeout is None else f"{record.timeout:g}",
+        "timeout": "" if record.timeout is None else duration_text(record.timeout),
         "version": str(record.version),
     }
 
@@ -192,17 +192,16 @@ def sent(form: FormData) -> dict[str, str]:
     return {k: v for k, v in form.items() if isinstance(v, str) and k != "csrf"}
 
 
-def _seconds(form: FormData, name: str) -> float | None:
+def _duration(form: FormData, name: str) -> float | str | None:
+    """A duration field: a bare number is seconds; `30s`, `5m`, `1h` go to the API as they
+    are (which says what is wrong with a bad one); empty: none."""
     raw = _text(form, name)
     if raw is None:
         return None
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise BadInputError(f"bad {name} {raw!r}: a number of seconds above 0, or empty")
-    return value
+        return raw
 
 
 def _args(form: FormData) -> dict[str, Any]:
@@ -235,14 +234,14 @@ def fields(form: FormData) -> dict[str, Any]:
         raise BadInputError("bad target: choose a registered task or job")
     return {
         "cron": expression,
-        "every": interval,
+        "every": _duration(form, "every"),
         "tz": _text(form, "tz") or "UTC",
         kind: target,
         "args": _args(form),
         "catch_up": _choice(form, "catch_up", CATCH_UP),
-        "grace": _seconds(form, "grace"),
+        "grace": _duration(form, "grace"),
         "overlap": _choice(form, "overlap", OVERLAP),
-        "timeout": _seconds(form, "timeout"),
+        "timeout": _duration(form, "timeout"),
     }
 
 
