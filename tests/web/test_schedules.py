@@ -350,6 +350,10 @@ async def test_the_ledger_names_job_page_is_the_schedules_page(web: Web) -> None
     board = web.board()
     r = await board.get("/jobs/schedule:ping")
     assert r.status_code == 307 and r.headers["location"] == "/schedules/ping"
+    r = await board.get("/jobs/schedule:x%0d%0aSet-Cookie:%20a=b")  # no header of its own
+    assert r.status_code == 307 and "set-cookie" not in {k.lower() for k in r.headers}
+    assert r.headers["location"] == "/schedules/x%0D%0ASet-Cookie%3A%20a%3Db"
+    assert (await board.get(r.headers["location"])).status_code == 400  # not a name
     page = (await board.get("/schedules/ping")).text
     assert attrs(page, "schedule-name", "data-state") == ["paused"]
     assert "schedule:ping" in page

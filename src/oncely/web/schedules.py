@@ -8,6 +8,7 @@ again, filled in as it was sent, with the one-line error, and changes nothing.""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from datetime import datetime
 from typing import Any
 
@@ -174,7 +175,8 @@ async def ledger_page(settings: Settings, request: Request) -> Response:
     name = request.path_params["name"]
     query = f"?{request.url.query}" if request.url.query else ""
     base = str(request.scope.get("root_path", "")).rstrip("/")
-    return RedirectResponse(f"{base}/schedules/{name}{query}", status_code=307)
+    to = urllib.parse.quote(name, safe="")
+    return RedirectResponse(f"{base}/schedules/{to}{query}", status_code=307)
 
 
 # -- the form ----------------------------------------------------------------------------
