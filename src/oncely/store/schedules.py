@@ -334,7 +334,12 @@ class ScheduleStore:
         database older than schema 17)."""
         if not self.store.has_schedules:
             return []
-        return [record(r) for r in await self.store._read(due(now, limit))]
+        # One statement, autocommitted where the database can: what an idle worker sends
+        # every poll (one transaction, not a BEGIN, the read and a ROLLBACK).
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                conn = await conn.execution_options(**self.dialect.record_options())
+                return [record(r) for r in await conn.execute(due(now, limit))]
 
     async def next_due(self) -> datetime | None:
         """The earliest next slot of any active schedule."""
