@@ -112,6 +112,13 @@ def due(now: datetime, limit: int) -> sa.Select[Any]:
     )
 
 
+def next_slot_of(name: str) -> sa.Select[Any]:
+    """A schedule's next slot, if it is active."""
+    return sa.select(schedules.c.next_slot).where(
+        schedules.c.name == name, schedules.c.state == "active"
+    )
+
+
 def next_due() -> sa.Select[Any]:
     """The earliest next slot of any active schedule (the first entry of the index)."""
     return sa.select(sa.func.min(schedules.c.next_slot)).where(schedules.c.state == "active")
@@ -334,7 +341,22 @@ class ScheduleStore:
         database older than schema 17)."""
         if not self.store.has_schedules:
             return []
-        return [record(r) for r in await self.store._read(due(now, limit))]
+        # One statement, autocommitted where the database can: what an idle worker sends
+        # every poll (one transaction, not a BEGIN, the read and a ROLLBACK).
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                conn = await conn.execution_options(**self.dialect.record_options())
+                return [record(r) for r in await conn.execute(due(now, limit))]
+
+    async def still_due(self, name: str, expected: datetime) -> bool:
+        """Whether a schedule's next slot is still the one read (no replica has moved it on
+        since): one lookup by name, before an attempt that would otherwise find its slot
+        claimed."""
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                conn = await conn.execution_options(**self.dialect.record_options())
+                found = (await conn.execute(next_slot_of(name))).first()
+        return found is not None and found[0] == expected
 
     async def next_due(self) -> datetime | None:
         """The earliest next slot of any active schedule."""

@@ -42,7 +42,7 @@ class WorkerOptions:
     shutdown_timeout: float = config.SHUTDOWN_TIMEOUT
     startup_wait: float = config.STARTUP_WAIT
     schedule_poll: float = config.SCHEDULE_POLL
-    """Seconds between two looks at the due schedules kept as data (0 < poll)."""
+    """Seconds between two looks at the due schedules kept as data (0: none run here)."""
 
     def __post_init__(self) -> None:
         _count("concurrency", self.concurrency, least=0)

@@ -191,6 +191,14 @@ class ScheduleWorker:
         except ScheduleError as exc:
             self._not_runnable(record, exc)
             return
+        # Replicas read the same due rows: one that another has moved on meanwhile is left
+        # (a lookup by name, instead of an attempt that finds its slot claimed).
+        try:
+            if not await self.store.schedules.still_due(record.name, record.next_slot):
+                return
+        except OncelyError as exc:
+            self._outage(exc)
+            return
         slots, missed = data_slots(job, record.next_slot, now)
         if missed is not None:
             events.emit(

@@ -66,7 +66,7 @@ class _Parts:
         if selected:
             self.job_worker = JobWorker(store, selected, stopping, options)
             self.parts.append(self.job_worker.run())
-        if options.jobs is None and (len(jobs) or len(tasks)):
+        if options.jobs is None and options.schedule_poll and (len(jobs) or len(tasks)):
             # Schedules kept as data run what the app registers: a worker of all jobs
             # looks at them too (one indexed read per poll).
             self.schedule_worker = ScheduleWorker(store, jobs, tasks, stopping, options)
