@@ -288,13 +288,13 @@ def test_every_oncely_command_the_docs_name_exists() -> None:
 def test_a_guide_naming_a_command_the_cli_lacks_fails(tmp_path: Path) -> None:
     guide = tmp_path / "guide.md"
     guide.write_text(
-        "Run `oncely schedules add nightly` or `DATABASE_URL=x oncely --app a:b nosuch`.\n\n"
+        "Run `oncely calendars add nightly` or `DATABASE_URL=x oncely --app a:b nosuch`.\n\n"
         "```sh\nmanage.py oncely tasks nosuch 4 && oncely tasks retry 4\n```\n"
         "`from oncely import Oncely`, `pip install oncely`, `oncely_runs`, `oncely.testing`.\n"
     )
     named, missing = _commands_named([guide])
     assert [m.split(": ", 1)[1] for m in missing] == [
-        "oncely schedules add",
+        "oncely calendars add",
         "oncely nosuch",
         "oncely tasks nosuch",
     ], named

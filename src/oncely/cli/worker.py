@@ -58,6 +58,15 @@ def _job_list(value: str | None) -> list[str] | None:
     f"[default: Oncely(lease=...), {config.LEASE:g}].",
 )
 @click.option("--queues", metavar="A,B", help="Run only tasks of these queues (default: all).")
+@click.option(
+    "--schedule-poll",
+    default=config.SCHEDULE_POLL,
+    show_default=True,
+    type=Finite(0),
+    metavar="SECONDS",
+    help="How often to look for due schedules kept as data (`oncely schedules`): how soon a "
+    "change reaches this worker; 0: run none here.",
+)
 @metrics_options
 @click.pass_obj
 @handled
@@ -70,6 +79,7 @@ def worker(
     pool_size: int,
     lease: float | None,
     queues: str | None,
+    schedule_poll: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -90,5 +100,6 @@ def worker(
             pool_size=pool_size,
             lease=lease,
             queues=_job_list(queues),
+            schedule_poll=schedule_poll,
         )
     )

@@ -30,7 +30,7 @@ from ..errors import (
     SchemaMissingError,
     SchemaTooNewError,
 )
-from . import actions, pages
+from . import actions, pages, schedules
 from .access import (
     ACTIONS,
     SESSION_COOKIE,
@@ -91,6 +91,7 @@ def dashboard(
         Route("/login", bind(login_form)),
         Route("/login", bind(login), methods=["POST"]),
         Route("/logout", bind(logout), methods=["POST"]),
+        Route("/jobs/schedule:{name}", bind(schedules.ledger_page)),
         Route("/jobs/{job}", bind(pages.job_page)),
         post("/jobs/{job}/pause", "pause", actions.pause),
         post("/jobs/{job}/resume", "resume", actions.resume),
@@ -104,6 +105,13 @@ def dashboard(
         post("/tasks/{task_id}/retry", "task_retry", actions.task_action("retry")),
         post("/tasks/{task_id}/discard", "task_discard", actions.task_action("discard")),
         post("/tasks/{task_id}/cancel", "task_cancel", actions.task_action("cancel")),
+        Route("/schedules", bind(schedules.schedules_page)),
+        post("/schedules", "schedule_add", schedules.add),
+        Route("/schedules/{name}", bind(schedules.schedule_page)),
+        *(
+            post(f"/schedules/{{name}}/{verb}", f"schedule_{verb}", handler)
+            for verb, handler in schedules.HANDLERS.items()
+        ),
         Route("/audit", bind(pages.audit_page)),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]

@@ -32,9 +32,16 @@ ACTIONS = frozenset(
         "task_retry",
         "task_discard",
         "task_cancel",
+        "schedule_add",
+        "schedule_edit",
+        "schedule_pause",
+        "schedule_resume",
+        "schedule_remove",
+        "schedule_run",
     }
 )
-"""Every action the dashboard can take (a job's, then a task's); a resolver's set names some."""
+"""Every action the dashboard can take (a job's, a task's, then a data schedule's); a
+resolver's set names some."""
 
 SESSION_COOKIE = "oncely_session"
 CSRF_COOKIE = "oncely_csrf"

@@ -3,7 +3,6 @@ app's public API and the store's bounded views, and renders; none changes anythi
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -13,11 +12,10 @@ from starlette.responses import Response
 
 from .. import clock
 from ..errors import BadInputError, DatabaseError, UnknownJobError
-from ..explain import explain_slot
 from ..model import Pause, TaskRecord, TaskState
 from ..registry import Job
 from ..store.views import COUNT_CAP, TaskFilter
-from . import timeline
+from . import schedule_rows, timeline
 from .access import Access
 from .render import Settings, access_of, error, gather, page, pretty
 from .words import dst_shifts, in_words, zone_name
@@ -58,43 +56,6 @@ class JobRow:
     last_sentence: str | None
 
 
-async def _last_outcomes(
-    settings: Settings, jobs: list[Job], now: datetime, pauses: dict[str, Pause]
-) -> list[tuple[datetime | None, str | None, str | None]]:
-    """Each job's latest due slot, its outcome and its sentence: three reads for all jobs
-    (and one per job whose attempt has no outcome yet: is it still running?)."""
-    store = settings.app.store
-    first_seen = await store.control.first_seen_all()
-    latest = {job.name: job.schedule.latest_at_or_before(now) for job in jobs}
-    pairs = [(job.name, job.key_for(at)) for job in jobs if (at := latest[job.name]) is not None]
-    claims, records = await store.views.slots(pairs) if pairs else ({}, {})
-    found: list[tuple[datetime | None, str | None, str | None]] = []
-    for job in jobs:
-        slot = latest[job.name]
-        if slot is None:
-            found.append((None, None, None))
-            continue
-        key = job.key_for(slot)
-        mine = records.get((job.name, key), [])
-        if any(r.outcome is None for r in mine):
-            alive = {a.id for a in await store.control.running(job.name, key)}
-            mine = [dataclasses.replace(r, alive=r.id in alive) for r in mine]
-        pause = pauses.get(job.name)
-        explanation = explain_slot(
-            job=job.name,
-            key=key,
-            slot=slot,
-            now=now,
-            catch_up=job.catch_up,
-            claim=claims.get((job.name, key)),
-            records=mine,
-            pauses=[pause] if pause is not None else [],
-            first_seen=first_seen.get(job.name),
-        )
-        found.append((slot, timeline.outcome_of(explanation.answer), explanation.sentence))
-    return found
-
-
 def strip(series: dict[str, dict[int, int]], now: datetime) -> dict[str, Any]:
     """The metric strip's bars: per series, 60 counts (oldest first) and their maximum."""
     last = int(now.timestamp() // 60)
@@ -116,12 +77,13 @@ async def overview(settings: Settings, request: Request) -> Response:
     now, pauses = await gather(app.store.database_time(), app.pauses())
     views = app.store.views
     jobs = list(app.registry)
-    counts, queues, duplicates, series, last = await gather(
+    counts, queues, duplicates, series, last, schedules = await gather(
         views.task_counts(),
         views.live_by_queue(),
         views.duplicates_since(now - timedelta(hours=24)),
         views.per_minute(now - timedelta(minutes=STRIP_MINUTES)),
-        _last_outcomes(settings, jobs, now, pauses),
+        timeline.last_outcomes(app, jobs, now, pauses),
+        schedule_rows.overview_rows(settings, now),
     )
     rows = [
         JobRow(
@@ -131,11 +93,11 @@ async def overview(settings: Settings, request: Request) -> Response:
             next=app.next_slots(job.name, now, 3),
             shifts=dst_shifts(job.schedule, now),
             pause=pauses.get(job.name),
-            last_slot=slot,
-            last_outcome=outcome,
-            last_sentence=sentence,
+            last_slot=latest.at,
+            last_outcome=latest.outcome,
+            last_sentence=latest.sentence,
         )
-        for job, (slot, outcome, sentence) in zip(jobs, last, strict=True)
+        for job, latest in zip(jobs, last, strict=True)
     ]
     return page(
         settings,
@@ -150,6 +112,8 @@ async def overview(settings: Settings, request: Request) -> Response:
         queues=sorted(queues.items()),
         duplicates=duplicates,
         strip=strip(series, now),
+        schedules=schedules[0],
+        more_schedules=schedules[1],
     )
 
 

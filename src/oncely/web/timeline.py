@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from ..app import Oncely
 from ..explain import explain_slot
-from ..model import Attempt, Claim, Explanation
+from ..model import Attempt, Claim, Explanation, Pause
 from ..registry import Job
 from .render import gather
 
@@ -137,6 +137,17 @@ async def timeline(
     return views
 
 
+@dataclass(frozen=True)
+class LastSlot:
+    """A job's latest due slot (None: none yet), its outcome (a colour of OUTCOMES), the
+    explanation's sentence, and its claim if it ran."""
+
+    at: datetime | None
+    outcome: str | None
+    sentence: str | None
+    claim: Claim | None
+
+
 def counts(views: list[SlotView]) -> dict[str, int]:
     """How many marks of each colour."""
     found = dict.fromkeys(OUTCOMES, 0)
@@ -150,3 +161,46 @@ def _covers(record: Attempt, at: datetime) -> bool:
     if record.outcome != "missed" or record.slot is None:
         return False
     return record.slot <= at <= (record.slot_last or record.slot)
+
+
+async def last_outcomes(
+    app: Oncely,
+    jobs: list[Job],
+    now: datetime,
+    pauses: dict[str, Pause],
+    created: dict[str, datetime] | None = None,
+) -> list[LastSlot]:
+    """Each job's latest due slot, its outcome, its sentence and its claim: three reads for all jobs
+    (and one per job whose attempt has no outcome yet: is it still running?). `created`:
+    when jobs that are data first existed (a slot before that is `before_job`)."""
+    store = app.store
+    first_seen = {**await store.control.first_seen_all(), **(created or {})}
+    latest = {job.name: job.schedule.latest_at_or_before(now) for job in jobs}
+    pairs = [(job.name, job.key_for(at)) for job in jobs if (at := latest[job.name]) is not None]
+    claims, records = await store.views.slots(pairs) if pairs else ({}, {})
+    found: list[LastSlot] = []
+    for job in jobs:
+        slot = latest[job.name]
+        if slot is None:
+            found.append(LastSlot(None, None, None, None))
+            continue
+        key = job.key_for(slot)
+        mine = records.get((job.name, key), [])
+        if any(r.outcome is None for r in mine):
+            alive = {a.id for a in await store.control.running(job.name, key)}
+            mine = [dataclasses.replace(r, alive=r.id in alive) for r in mine]
+        pause = pauses.get(job.name)
+        explanation = explain_slot(
+            job=job.name,
+            key=key,
+            slot=slot,
+            now=now,
+            catch_up=job.catch_up,
+            claim=claims.get((job.name, key)),
+            records=mine,
+            pauses=[pause] if pause is not None else [],
+            first_seen=first_seen.get(job.name),
+        )
+        claim = claims.get((job.name, key))
+        found.append(LastSlot(slot, outcome_of(explanation.answer), explanation.sentence, claim))
+    return found
