@@ -85,9 +85,9 @@ class Oncely(core.Oncely):
             self.tasks.add(
                 task.func,
                 name=path,
-                retry=backend.retry_policy(path),
+                retry=backend.retry_policy(path, task),
                 queue=task.queue_name,
-                timeout=backend.timeout(path),
+                timeout=backend.timeout(path, task),
                 attempt=functools.partial(django_tasks.attempt, self.alias),
             )
             added.append(path)
