@@ -91,6 +91,8 @@ def empty(alias: str) -> None:
             "oncely_tasks",
             "oncely_duplicates",
             "oncely_task_errors",
+            "oncely_pauses",
+            "oncely_audit",
             "shop_bonus",
             "shop_receipt",
         ):

@@ -127,3 +127,12 @@ class TaskRow(models.Model):
         }
         result = decode_result(self.result)
         return TaskRecord(state=TaskState(self.state), result=result, **fields)
+
+
+class CodeJob(SlotClaim):
+    """The admin's page of the jobs in code (`ONCELY["APP"]`): no table of its own (a proxy),
+    only a place in the admin and its permissions (view: the page; change: pause, resume)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "code job"
