@@ -44,6 +44,7 @@ from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule
+from .schedules import Schedules
 from .store import Store
 from .store.control import Action
 from .store.views import ERRORS_SHOWN
@@ -98,6 +99,8 @@ class Oncely:
         """Seconds a worker holds a task before another may take it over (heartbeats renew)."""
         self._database: Database = database if database is not None else _database_from_env()
         self._store: Store | None = None
+        self.schedules = Schedules(lambda: self.store, self.registry, self.tasks)
+        """Schedules kept as data: add, change, pause and remove them at runtime."""
 
     # -- configuration ------------------------------------------------------------------
 

@@ -113,3 +113,11 @@ class JobCancelledError(OncelyError):
 
 class TaskCancelledError(OncelyError):
     """An operator cancelled the running task (`oncely tasks cancel`): rolled back, discarded."""
+
+
+class ScheduleError(BadInputError):
+    """A schedule kept as data was given a value oncely cannot use; the message says which."""
+
+
+class UnknownScheduleError(ScheduleError):
+    """No schedule is stored under that name."""

@@ -253,3 +253,52 @@ class Explanation:
     sentence: str
     fields: dict[str, Any] = field(default_factory=dict)
     attempts: tuple[Attempt, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    """A schedule kept as a row (`app.schedules`): when it fires, what it runs, and its state.
+
+    Its slots are claimed in the ledger under `ledger_name` (`schedule:<name>`), as a code
+    job's are under the job's name."""
+
+    name: str
+    cron: str | None
+    every: float | None
+    """Seconds between slots (aligned to the Unix epoch), when it is not a cron schedule."""
+    tz: str
+    target_kind: str
+    """`task` (enqueued in the slot's transaction) or `job` (called in it)."""
+    target: str
+    args: dict[str, Any]
+    catch_up: str
+    grace: float | None
+    """Seconds after its time a slot is still started; None: no limit."""
+    overlap: str
+    timeout: float | None
+    """Seconds an attempt may run before it is cancelled; None: no limit."""
+    state: str
+    """`active` or `paused`."""
+    pause_reason: str | None
+    version: int
+    created_at: datetime
+    changed_at: datetime
+    changed_by: str
+    next_slot: datetime | None
+    """The first slot not yet handled (UTC): the scheduler starts it once it is due."""
+    ledger_name: str
+
+    @property
+    def expression(self) -> str:
+        """The cron expression, or the interval as `every 15m`."""
+        if self.cron is not None:
+            return self.cron
+        return f"every {duration_text(self.every or 0)}"
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as the CLI writes a duration: 1h, 15m, 90s (the largest exact unit)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

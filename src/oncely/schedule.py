@@ -249,3 +249,65 @@ def every(
     except (TypeError, OverflowError):
         period = timedelta(0)
     return EverySchedule(period)
+
+
+# -- a schedule in words (the dashboard's and the schedule list's) -------------------------
+
+_DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
+_NAMES = {d[:3].upper(): i for i, d in enumerate(_DAYS)}
+_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+
+
+def _every(period: timedelta) -> str:
+    seconds = int(period.total_seconds())
+    for unit, size in _UNITS:
+        if seconds % size == 0:
+            n = seconds // size
+            return f"every {unit}" if n == 1 else f"every {n} {unit}s"
+    return f"every {seconds} seconds"  # pragma: no cover - seconds divide by 1
+
+
+def _day_names(field: str) -> str | None:
+    days = []
+    for part in field.split(","):
+        if part.isdigit() and int(part) <= 7:
+            days.append(_DAYS[int(part) % 7])
+        elif part.upper() in _NAMES:
+            days.append(_DAYS[_NAMES[part.upper()]])
+        else:
+            return None
+    return ", ".join(days)
+
+
+def _cron(expr: str) -> str:
+    fields = expr.split()
+    if len(fields) != 5:
+        return expr
+    minute, hour, dom, month, dow = fields
+    if minute.isdigit() and hour == "*" and dom == month == dow == "*":
+        return f"every hour at minute {int(minute)}"
+    if minute == "*" and hour == dom == month == dow == "*":
+        return "every minute"
+    if minute.startswith("*/") and hour == dom == month == dow == "*":
+        return f"every {minute[2:]} minutes"
+    if not (minute.isdigit() and hour.isdigit()) or month != "*":
+        return f"cron {expr}"
+    at = f"at {int(hour):02d}:{int(minute):02d}"
+    if dom == "*" and dow == "*":
+        return f"every day {at}"
+    if dom == "*":
+        names = _day_names(dow)
+        return f"{at} on {names}" if names else f"cron {expr}"
+    if dow == "*" and dom.isdigit():
+        return f"{at} on day {int(dom)} of every month"
+    return f"cron {expr}"
+
+
+def in_words(schedule: Schedule) -> str:
+    """A schedule as a sentence: `every 15 minutes`, `at 18:00 on Friday`; an expression
+    with no simple reading is shown as it is (`cron 0 9-17/2 * * MON-FRI`)."""
+    if isinstance(schedule, EverySchedule):
+        return _every(schedule.period)
+    if isinstance(schedule, CronSchedule):
+        return _cron(schedule.expr)
+    return schedule.describe()

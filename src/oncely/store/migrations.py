@@ -17,6 +17,7 @@ from .tables import (
     jobs,
     pauses,
     runs,
+    schedules,
     schema_versions,
     task_cancels,
     task_errors,
@@ -172,6 +173,11 @@ def _v16_jobs(conn: Connection) -> None:
     jobs.create(conn, checkfirst=True)
 
 
+def _v17_schedules(conn: Connection) -> None:
+    # A new table and its index only: an older oncely runs on v17 (it runs no data schedules).
+    schedules.create(conn, checkfirst=True)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -194,6 +200,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
         "oncely_jobs: when each job first appeared (what `oncely verify` dates it from)",
         _v16_jobs,
     ),
+    (17, "oncely_schedules: schedules kept as data, found by their next slot", _v17_schedules),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -237,6 +244,9 @@ SLOT_FATE = 14
 
 JOBS = 16
 """The schema version that holds oncely_jobs: older databases record no first appearances."""
+
+SCHEDULES = 17
+"""The schema version that holds oncely_schedules: older databases have no data schedules."""
 
 REQUIRED = 14
 """The oldest schema this oncely runs on. v4, v9 and v14 add columns that this oncely's

@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..masking import mask_url
 from ..model import Claim, TaskRecord
-from . import control, sql, task_store, tasks_sql, views
+from . import control, schedules, sql, task_store, tasks_sql, views
 from .claims import claim_from_row, claim_in_plan, claim_plan, fate_plan, finish_plan
 from .dialect import ClaimOutcome, ClaimRequest
 from .dialects import dialect_for
@@ -51,6 +51,7 @@ from .migrations import (
     JOBS,
     LATEST,
     REQUIRED,
+    SCHEDULES,
     SLOT_FATE,
     TASK_ERRORS,
     apply_migrations,
@@ -160,6 +161,16 @@ class Store:
     def views(self) -> views.Views:
         """The dashboard's reads on this store (bounded by indexes, never a whole table)."""
         return views.Views(self)
+
+    @functools.cached_property
+    def schedules(self) -> schedules.ScheduleStore:
+        """The statements of schedules kept as data on this store (oncely_schedules)."""
+        return schedules.ScheduleStore(self)
+
+    @property
+    def has_schedules(self) -> bool:
+        """Whether the database has oncely_schedules (schema 17)."""
+        return self._version is not None and self._version >= SCHEDULES
 
     @property
     def has_control(self) -> bool:

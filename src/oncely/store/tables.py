@@ -303,3 +303,34 @@ jobs = sa.Table(
     sa.Column("first_seen", UTCDateTime(), nullable=False),
     comment="One row per job a worker or `oncely run` started with: when it first appeared.",
 )
+
+
+# Schedules kept as data (schema v17): one row per schedule that `app.schedules` added at
+# runtime. Its slots are claimed in oncely_runs under `schedule:<name>`; `next_slot` is the
+# first slot not yet handled, and what the scheduler looks up (by index) to find the due ones.
+schedules = sa.Table(
+    "oncely_schedules",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("cron", sa.String(200), nullable=True),
+    sa.Column("every_seconds", sa.Float, nullable=True),
+    sa.Column("tz", sa.String(64), nullable=False, server_default="UTC"),
+    sa.Column("target_kind", sa.String(8), nullable=False),
+    sa.Column("target", sa.String(200), nullable=False),
+    sa.Column("args", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("catch_up", sa.String(8), nullable=False),
+    sa.Column("grace_seconds", sa.Float, nullable=True),
+    sa.Column("overlap", sa.String(8), nullable=False),
+    sa.Column("timeout_seconds", sa.Float, nullable=True),
+    sa.Column("state", sa.String(8), nullable=False),
+    sa.Column("pause_reason", sa.Text, nullable=True),
+    sa.Column("next_slot", UTCDateTime(), nullable=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("changed_at", UTCDateTime(), nullable=False),
+    sa.Column("changed_by", sa.String(255), nullable=False),
+    comment="One row per schedule kept as data; its slots are claimed like a code job's.",
+)
+# The active schedules by their next slot: what the scheduler reads to find the due ones
+# (`next_slot <= now`), an index range, never the whole table.
+_partial_index("oncely_schedules_due", schedules.c.next_slot, where=schedules.c.state == "active")

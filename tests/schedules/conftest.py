@@ -1,0 +1,56 @@
+"""Shared by the tests of schedules kept as data: the schedules app on a migrated test
+database, and what the tests count (rows of oncely's tables, effects)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from tests.reliability.helpers import engine_for, snapshot
+
+from oncely import Oncely
+
+APP = "tests.apps.sched_app"
+
+
+def fresh_app(db_url: str) -> Oncely:
+    """The schedules app, imported anew, on the test database."""
+    sys.modules.pop(APP, None)
+    module = importlib.import_module(APP)
+    app: Oncely = module.app
+    app.use_database(db_url)
+    return app
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[Oncely]:
+    """The schedules app on a migrated test database, with its `effects` table."""
+    application = fresh_app(db_url)
+    await application.migrate()
+    async with application.store.transaction() as conn:
+        await conn.exec_driver_sql(importlib.import_module(APP).TABLES)
+    yield application
+    await application.aclose()
+
+
+def rows(db_url: str, query: str, **params: Any) -> list[tuple[Any, ...]]:
+    """The rows of a query, read with plain SQL on a connection of its own."""
+    engine = engine_for(db_url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(query), params)]
+    finally:
+        engine.dispose()
+
+
+def everything(db_url: str) -> dict[str, list[Any]]:
+    """Every row of oncely's tables, the schedules' included: to check nothing changed."""
+    found = snapshot(db_url)
+    found["oncely_schedules"] = sorted(
+        tuple(map(str, r)) for r in rows(db_url, "SELECT * FROM oncely_schedules")
+    )
+    return found
