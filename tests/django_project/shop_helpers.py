@@ -93,6 +93,7 @@ def empty(alias: str) -> None:
             "oncely_task_errors",
             "oncely_pauses",
             "oncely_audit",
+            "oncely_schedules",
             "shop_bonus",
             "shop_receipt",
         ):

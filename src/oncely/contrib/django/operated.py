@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from ...app import Oncely as CoreOncely
 from ...cli.loading import load_app
+from ...schedules import Schedules
 from .app import Oncely
 from .settings_app import app_spec
 
@@ -28,6 +29,7 @@ def operated_app() -> Oncely:
     app = Oncely(using=getattr(loaded, "using", None))
     app.registry = loaded.registry
     app.tasks = loaded.tasks
+    app.schedules = Schedules(lambda: app.store, app.registry, app.tasks)
     return app
 
 
