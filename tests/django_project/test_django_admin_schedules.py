@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from shop_helpers import count
+from shop_helpers import backdate_schedule, count
 
 LIST = "/admin/oncely/schedulerow/"
 ACTOR = "django-admin:ops"
@@ -129,21 +129,10 @@ def test_edit_disable_enable_and_delete_go_through_app_schedules(alias: str, sta
 
 
 def test_run_the_due_slot_now_runs_it_once(alias: str, staff: Any) -> None:
-    from oncely.contrib.django.operated import operated_app
-
     _add(staff, name="acme_digest", cron="", every="1h")
     assert "no slot of schedule" in _act(staff, "run_due", "acme_digest")  # none due yet
     assert count(alias, "shop_bonus") == 0
-    # The schedule as if added two hours ago (by oncely, audited): a slot has come due since.
-    schedules = operated_app().schedules
-    with_past = schedules.get_sync("acme_digest")
-    from django.db import connections
-
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "UPDATE oncely_schedules SET created_at = %s WHERE name = 'acme_digest'",
-            [with_past.created_at.replace(year=with_past.created_at.year - 1)],
-        )
+    backdate_schedule(alias, "acme_digest")  # a slot has come due since it was added
     first = _act(staff, "run_due", "acme_digest")
     assert re.search(r"Schedule acme_digest: slot \S+ ran", first), first
     again = _act(staff, "run_due", "acme_digest")
