@@ -4,6 +4,7 @@ the due slot now" (once), each write through `app.schedules` (checked, audited).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,3 +142,41 @@ def test_run_the_due_slot_now_runs_it_once(alias: str, staff: Any) -> None:
     assert count(alias, "oncely_runs", "WHERE job = 'schedule:acme_digest'") == 1
     listed = staff.get(LIST).content.decode()
     assert re.search(r"\+0[12]:00 ran on ", listed)  # the last run, with its outcome
+
+
+def test_a_schedule_runs_a_django_task_enqueued_with_its_slot_once(
+    alias: str, staff: Any, django_project: dict[str, str]
+) -> None:
+    import signal
+
+    from shop_helpers import manage
+
+    fields = {"cron": "", "every": "1h", "target": "task:shop.tasks.send_receipt"}
+    bad = _add(staff, **fields, args='{"order": 5}')
+    assert b"cannot take these arguments" in bad.content and count(alias, "oncely_schedules") == 0
+    page = _add(staff, **fields, args=f'{{"order_id": 5, "using": "{alias}"}}')
+    assert b"was added successfully" in page.content
+    backdate_schedule(alias, "acme_digest")
+    assert "ran" in _act(staff, "run_due", "acme_digest")
+    assert "already ran" in _act(staff, "run_due", "acme_digest")
+    where = "WHERE task = 'shop.tasks.send_receipt' AND idempotency_key LIKE %s"
+    keyed = ["schedule:acme_digest:%"]
+    assert count(alias, "oncely_tasks", where, keyed) == 1  # enqueued with the slot's claim, once
+    worker = manage(
+        django_project,
+        alias,
+        "oncely",
+        "--app",
+        "oncely.contrib.django.settings_app:app",
+        "worker",
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while count(alias, "oncely_tasks", "WHERE state = 'succeeded'") == 0:
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline, "the task did not run within 90 s"
+            time.sleep(0.1)  # polling the row, with a deadline
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=60)
+    assert count(alias, "shop_receipt", "WHERE order_id = 5") == 1

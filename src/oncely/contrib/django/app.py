@@ -83,7 +83,7 @@ class Oncely(core.Oncely):
                 continue
             backend = django_tasks.backend_for(task, self.alias)
             self.tasks.add(
-                task.func,
+                django_tasks.signature_shim(task),
                 name=path,
                 retry=backend.retry_policy(path, task),
                 queue=task.queue_name,

@@ -23,12 +23,14 @@ T = TypeVar("T")
 
 def operated_app() -> Oncely:
     """An app on the configured database with the registries of `ONCELY["APP"]` (its jobs'
-    schedules are what the jobs page shows and what pause and resume check names against).
-    BadInputError if that app cannot be loaded."""
+    schedules are what the jobs page shows and what pause and resume check names against),
+    the Django tasks of the oncely backend registered in them as a worker does (a schedule
+    kept as data may run one). BadInputError if that app cannot be loaded."""
     loaded = load_app(app_spec())
     app = Oncely(using=getattr(loaded, "using", None))
     app.registry = loaded.registry
     app.tasks = loaded.tasks
+    app.register_django_tasks()  # a schedule may run one (as the worker registers them)
     app.schedules = Schedules(lambda: app.store, app.registry, app.tasks)
     return app
 

@@ -414,10 +414,7 @@ def attempt(alias: str, item: Any, ack: AckFor, fence: Fence) -> bool:
     returned), committed under `fence`. True if it committed, False if its lease was lost
     (rolled back); the task's error is raised. A task with `takes_context` is handed its
     TaskContext first: its TaskResult as the row says now (RUNNING, this attempt's number)."""
-    call = item.args if isinstance(item.args, dict) else {}
-    args, kwargs = call.get(ARGS, []), call.get(KWARGS, {})
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise BadInputError(f"task {item.id}: its args are not a Django task's call")
+    args, kwargs = _call_of(item.id, item.args)
     target = _import(item.task)
     func = _callable(target.func if isinstance(target, Task) else target)
     if isinstance(target, Task) and target.takes_context:
@@ -429,6 +426,37 @@ def attempt(alias: str, item: Any, ack: AckFor, fence: Fence) -> bool:
     except _AckMatchedNoRow:
         return False
     return True
+
+
+def _call_of(task_id: int, payload: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A row's call: `{"args": [...], "kwargs": {...}}` as the backend's enqueue writes it,
+    or keyword arguments alone, as oncely's own enqueue writes them (a schedule kept as
+    data that runs the task)."""
+    if not isinstance(payload, dict):
+        raise BadInputError(f"task {task_id}: its args are not a Django task's call")
+    if set(payload) == {ARGS, KWARGS}:
+        args, kwargs = payload[ARGS], payload[KWARGS]
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise BadInputError(f"task {task_id}: its args are not a Django task's call")
+        return args, kwargs
+    return [], dict(payload)
+
+
+def signature_shim(task: Task) -> Callable[..., Any]:
+    """What oncely registers for a Django task: never called (the worker's `attempt` runs
+    the task), its signature `(db, <the task's parameters>)` as oncely's enqueue checks
+    keyword arguments against (a schedule's `args`, when it is added)."""
+    params = list(inspect.signature(task.func).parameters.values())
+    if task.takes_context:
+        params = params[1:]
+
+    def run_by_the_attempt(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{task.module_path} runs in the worker's attempt, not called here")
+
+    db = inspect.Parameter("db", inspect.Parameter.POSITIONAL_ONLY)
+    run_by_the_attempt.__signature__ = inspect.Signature([db, *params])  # type: ignore[attr-defined]
+    run_by_the_attempt.__name__ = task.func.__name__
+    return run_by_the_attempt
 
 
 def discover() -> dict[str, Task]:
