@@ -180,3 +180,16 @@ def test_a_schedule_runs_a_django_task_enqueued_with_its_slot_once(
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=60)
     assert count(alias, "shop_receipt", "WHERE order_id = 5") == 1
+
+
+def test_a_failed_slot_is_reported_and_listed_with_its_outcome(alias: str, staff: Any) -> None:
+    _add(staff, cron="", every="1h", args='{"customer": "gone"}')
+    backdate_schedule(alias, "acme_digest")
+    first = _act(staff, "run_due", "acme_digest")
+    assert "did not run (failed: LookupError: customer gone is gone)" in first, first
+    assert count(alias, "shop_bonus") == 0  # its work rolled back
+    listed = staff.get(LIST).content.decode()
+    latest = re.search(r'<td class="field-latest_slot">([^<]*)</td>', listed)
+    assert latest and re.fullmatch(r"\S+\+0[12]:00 failed", latest.group(1)), latest
+    last = re.search(r'<td class="field-last_run">([^<]*)</td>', listed)
+    assert last and last.group(1) == "-"  # no slot of it ran

@@ -28,6 +28,8 @@ def tick(now):
 def digest(now, customer="all"):
     # Once a year in code; the schedules kept as data call it with their own arguments.
     Bonus.objects.using(app.alias).create(member=f"digest:{customer}", week=now.strftime("%H:%M"))
+    if customer == "gone":
+        raise LookupError(f"customer {customer} is gone")
 
 
 if os.environ.get("SHOP_KILL_BEFORE_COMMIT"):

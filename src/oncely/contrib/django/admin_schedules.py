@@ -26,8 +26,9 @@ from ...errors import OncelyError
 from ...model import Claim, RunResult, ScheduleRecord, duration_text
 from ...registry import CATCH_UP_CHOICES, OVERLAP_CHOICES
 from ...schedules import MAX_NAME, Schedules, describe
+from .jobs import latest_outcomes
 from .models import ScheduleRow
-from .operated import actor, operated_app
+from .operated import actor, call, operated_app
 
 
 def _schedules() -> Schedules:
@@ -232,11 +233,12 @@ class ScheduleAdmin(admin.ModelAdmin):
         return type(form.__name__, (form,), {"by": actor(request)})
 
     def get_list_display(self, request: Any) -> Any:
-        last: dict[str, Claim] = {}
-        try:
-            last = _schedules().last_runs_sync()
-        except OncelyError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
+        # Django asks more than once per request: the reads are made once, kept on it.
+        if not hasattr(request, "oncely_latest"):
+            request.oncely_last = self._last_runs(request)
+            request.oncely_latest = {}  # the page's rows' (get_changelist_instance)
+        last: dict[str, Claim] = request.oncely_last
+        latest: dict[str, str] = request.oncely_latest
 
         @admin.display(description="last run")
         def last_run(row: ScheduleRow) -> str:
@@ -246,7 +248,31 @@ class ScheduleAdmin(admin.ModelAdmin):
             done = "ran" if claim.finished_at is not None else "running"
             return f"{_zoned(claim.scheduled_for, row.tz)} {done} on {claim.claimed_by}"
 
-        return ("name", "words", "zone", "target_", "next", last_run, "enabled")
+        @admin.display(description="latest due slot")
+        def latest_slot(row: ScheduleRow) -> str:
+            return latest.get(row.name, "-")
+
+        return ("name", "words", "zone", "target_", "next", last_run, latest_slot, "enabled")
+
+    def _last_runs(self, request: Any) -> dict[str, Claim]:
+        try:
+            return _schedules().last_runs_sync()
+        except OncelyError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return {}
+
+    def get_changelist_instance(self, request: Any) -> Any:
+        """The list's page, with the outcome of each of its schedules' latest due slot (two
+        reads for the page, whatever its size)."""
+        changelist = super().get_changelist_instance(request)
+        records = [row.record() for row in changelist.result_list]
+        latest = getattr(request, "oncely_latest", None)
+        if records and latest is not None:
+            try:
+                latest.update(call(lambda app: latest_outcomes(app, records)))
+            except OncelyError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        return changelist
 
     @admin.display(description="schedule")
     def words(self, row: ScheduleRow) -> str:

@@ -1,13 +1,17 @@
 """The code jobs page's rows: each job of `ONCELY["APP"]` with its schedule in words, its
-zone, its next slot, its latest due slot and that slot's outcome, and its pause."""
+zone, its next slot, its latest due slot and that slot's outcome, and its pause; and the
+same latest due slot and outcome for the schedules kept as data on a list page."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 from ...app import Oncely
-from ...model import Explanation, Pause
+from ...model import Explanation, Pause, ScheduleRecord
+from ...schedule import default_key
+from ...schedules import schedule_of
 from ...web.words import in_words, zone_name
 
 
@@ -50,3 +54,32 @@ async def job_rows(app: Oncely) -> list[JobRow]:
             )
         )
     return rows
+
+
+async def latest_outcomes(app: Oncely, records: list[ScheduleRecord]) -> dict[str, str]:
+    """Each schedule's latest due slot (in its zone) and what it came to, `SLOT OUTCOME`:
+    `ran`, `running`, an attempt's recorded outcome (`failed`, `timeout`, `cancelled`,
+    `overlap`, `missed` …) or `not run`; none for a schedule with no slot due since it was
+    added. Two reads for all of them (`store.views.slots`)."""
+    now = await app.store.database_time()
+    due: dict[str, tuple[str, str, datetime]] = {}
+    for rec in records:
+        slot = schedule_of(rec).latest_at_or_before(now)
+        if slot is not None and slot >= rec.created_at:
+            due[rec.name] = (rec.ledger_name, default_key(slot), slot)
+    if not due:
+        return {}
+    claims, attempts = await app.store.views.slots([(job, key) for job, key, _ in due.values()])
+    found = {}
+    for rec in records:
+        if rec.name not in due:
+            continue
+        job, key, slot = due[rec.name]
+        claim = claims.get((job, key))
+        outcomes = [a.outcome for a in attempts.get((job, key), []) if a.outcome]
+        if claim is not None:
+            outcome = "ran" if claim.finished_at is not None else "running"
+        else:
+            outcome = outcomes[-1] if outcomes else "not run"
+        found[rec.name] = f"{slot.astimezone(ZoneInfo(rec.tz)).isoformat()} {outcome}"
+    return found
