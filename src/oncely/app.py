@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -21,7 +22,9 @@ from .errors import (
     ConfigError,
     OncelyError,
     ResultTimeoutError,
+    ScheduleError,
     TaskFailedError,
+    UnknownJobError,
 )
 from .explain import explain_slot, explain_task, span
 from .fates import SETTLE, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
@@ -35,6 +38,7 @@ from .model import (
     PlannedSlot,
     RunResult,
     RunStatus,
+    ScheduleRecord,
     Slot,
     TaskHistory,
     TaskRecord,
@@ -44,7 +48,7 @@ from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule
-from .schedules import Schedules
+from .schedules import Schedules, job_for, schedule_name
 from .store import Store
 from .store.control import Action
 from .store.views import ERRORS_SHOWN
@@ -100,6 +104,8 @@ class Oncely:
         self._database: Database = database if database is not None else _database_from_env()
         self._store: Store | None = None
         self.schedules = Schedules(lambda: self.store, self.registry, self.tasks)
+        self._data_jobs: dict[str, Job] = {}
+        """The jobs of schedules kept as data this app has read, by ledger name."""
         """Schedules kept as data: add, change, pause and remove them at runtime."""
 
     # -- configuration ------------------------------------------------------------------
@@ -199,11 +205,60 @@ class Oncely:
 
         return register(func) if func is not None else register
 
+    # -- jobs and schedules kept as data -------------------------------------------------
+
+    def _definition(self, job: str) -> Job:
+        """The job named `job`: a code job, or a schedule kept as data that `_resolve` read."""
+        try:
+            return self.registry.job(job)
+        except UnknownJobError:
+            found = self._data_jobs.get(job)
+            if found is None:
+                raise
+            return found
+
+    async def resolve(self, job: str) -> str:
+        """The name the slots of `job` are claimed under: a code job's own name; for a
+        schedule kept as data (named bare or by its ledger name, `schedule:<name>`) its
+        ledger name, its job then known to this app's calls (`slot`, `explain`, …). Any
+        other name is left as it is (the registry then says it is unknown)."""
+        if job in {j.name for j in self.registry}:
+            return job
+        record = await self._schedule(job)
+        if record is None:
+            return job
+        self._data_jobs[record.ledger_name] = job_for(
+            record, self.registry, self.tasks, strict=False
+        )
+        return record.ledger_name
+
+    async def _schedule(self, job: str) -> ScheduleRecord | None:
+        """The schedule kept as data that `job` names (bare or by ledger name), if any."""
+        name = schedule_name(job) or job
+        try:
+            return await self.schedules.get(name)
+        except ScheduleError:
+            return None
+        except OncelyError:  # no such table yet, unreachable: the name is not known here
+            if schedule_name(job) is None:
+                return None
+            raise
+
+    @property
+    def data_jobs(self) -> dict[str, Job]:
+        """The jobs of the schedules kept as data this app has read (`resolve`), by ledger name."""
+        return self._data_jobs
+
+    @property
+    def registry_names(self) -> set[str]:
+        """The names of the jobs in the code."""
+        return {j.name for j in self.registry}
+
     # -- slots --------------------------------------------------------------------------
 
     def slot(self, job: str, now: datetime | None = None) -> Slot:
         """The slot a run at `now` (default: the current time) belongs to: the latest due one."""
-        definition = self.registry.job(job)
+        definition = self._definition(job)
         at = _aware(now) if now is not None else clock.utcnow()
         slot = definition.schedule.latest_at_or_before(at)
         if slot is None:
@@ -212,7 +267,7 @@ class Oncely:
 
     def next_slots(self, job: str, after: datetime | None = None, n: int = 1) -> list[datetime]:
         """The next `n` slot times of a job strictly after `after` (default: now)."""
-        definition = self.registry.job(job)
+        definition = self._definition(job)
         start = _aware(after) if after is not None else clock.utcnow()
         slots: list[datetime] = []
         for slot in definition.schedule.slots_after(start):
@@ -232,17 +287,18 @@ class Oncely:
         A `now` naming a slot later than the database's clock (beyond `clock.FUTURE_SKEW`) is
         refused (BadInputError, nothing run): run early, its claim would make the real slot
         skip when it comes due. `allow_future=True` runs it on purpose (`run.future_allowed`)."""
+        job = await self.resolve(job)
         if now is None:
-            self.registry.job(job)  # an unknown job fails before touching the database
+            self._definition(job)  # an unknown job fails before touching the database
             now = clock.utcnow() if clock.is_set() else await self.store.database_time()
         else:
             await self.refuse_future(job, now, allow=allow_future)
         slot = self.slot(job, now)
         await self.store.ensure_schema()
         with contextlib.suppress(OncelyError):  # best effort: verify dates by claims too
-            await self.store.control.seen_jobs([self.registry.job(job).name])
+            await self.store.control.seen_jobs([self._definition(job).name])
         return await run_slot(
-            self.store, self.registry.job(job), slot.at, slot.key, replica_id(), check_pause=True
+            self.store, self._definition(job), slot.at, slot.key, replica_id(), check_pause=True
         )
 
     async def run(
@@ -274,6 +330,7 @@ class Oncely:
         lease: float | None = None,
         queues: list[str] | None = None,
         pool_size: int = config.POOL_SIZE,
+        schedule_poll: float = config.SCHEDULE_POLL,
     ) -> None:
         """Run the scheduled jobs (all, or `jobs`) and the tasks until `stopping` is set.
 
@@ -284,7 +341,9 @@ class Oncely:
         up to `startup_wait` seconds (DatabaseUnavailableError after that); once running,
         outages are retried forever. Up to `concurrency` tasks run at once (0: no tasks here),
         each in its own transaction on a pool of `pool_size` connections, leased for `lease`
-        seconds (default `Oncely(lease=...)`), from `queues` (default: all).
+        seconds (default `Oncely(lease=...)`), from `queues` (default: all). Without `jobs`,
+        the schedules kept as data (`app.schedules`) run too: their due rows are read every
+        `schedule_poll` seconds, so a change reaches this worker within that.
         """
         options = self._options(
             jobs=jobs,
@@ -294,6 +353,7 @@ class Oncely:
             lease=lease,
             queues=queues,
             pool_size=pool_size,
+            schedule_poll=schedule_poll,
         )
         await supervisor.serve(
             self.store,
@@ -375,12 +435,15 @@ class Oncely:
         return await self.store.migrate()
 
     async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
-        """Claims newest first: who ran each slot, when, and how long it took."""
+        """Claims newest first: who ran each slot, when, and how long it took (a schedule kept
+        as data may be named bare: its slots are claimed under `schedule:<name>`)."""
+        if job is not None and not job.startswith("@"):
+            job = await self.resolve(job)
         claims = await self.store.history(job, limit)
         if job is not None and not claims and not job.startswith("@"):  # "@scope": effects
             # Unknown means neither registered nor in the ledger: a database read without the
             # app that wrote it (or a job since removed) still shows its history.
-            self.registry.job(job)
+            self._definition(job)
         return claims
 
     async def last_runs(self) -> dict[str, Claim]:
@@ -543,16 +606,29 @@ class Oncely:
         clock), everywhere, from the next scheduling step on (a slot already running
         finishes; slots before the pause are not affected). Slots that fall inside the pause
         are not caught up on resume: `backfill` runs them. Audited; refused if the job is
-        paused already."""
-        name = self.registry.job(job).name
+        paused already. A schedule kept as data is paused as `app.schedules.pause` does."""
+        name = await self.resolve(job)
+        record = await self._schedule(name) if name not in self.registry_names else None
+        if record is not None:
+            await self.schedules.pause(record.name, reason=reason, by=actor)
+            return (await self.store.control.pauses())[name]
+        name = self._definition(name).name
         return await self.store.control.pause(self._action("pause", name, name, actor, reason))
 
     async def resume(
         self, job: str, *, reason: str | None = None, actor: str | None = None
     ) -> Pause:
         """End a job's pause at the database's clock (audited): slots from then on run as
-        usual; the pause that ended. Refused if it is not paused."""
-        name = self.registry.job(job).name
+        usual; the pause that ended. Refused if it is not paused. A schedule kept as data is
+        resumed as `app.schedules.resume` does."""
+        name = await self.resolve(job)
+        record = await self._schedule(name) if name not in self.registry_names else None
+        if record is not None:
+            pause = (await self.store.control.pauses()).get(name)
+            await self.schedules.resume(record.name, by=actor)
+            ended = [p for p in await self.store.control.job_pauses(name) if p.resumed_at]
+            return ended[-1] if ended else pause  # type: ignore[return-value]
+        name = self._definition(name).name
         return await self.store.control.resume(self._action("resume", name, name, actor, reason))
 
     async def pauses(self) -> dict[str, Pause]:
@@ -565,7 +641,7 @@ class Oncely:
     ) -> list[tuple[datetime, str]]:
         """The (slot, key) pairs of `job` in [start, end); BadInputError for a reversed range
         or one of more than `max_slots` (no database touched)."""
-        definition = self.registry.job(job)
+        definition = self._definition(job)
         start, end = _in_years(_aware(start)), _in_years(_aware(end))
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise BadInputError(f"max_slots must be an int of at least 1, got {max_slots!r}")
@@ -630,6 +706,7 @@ class Oncely:
         run`, `already ran` (its claim), `running now` (its attempt), `given up` (an attempt
         failed, timed out or was cancelled: `oncely release` frees it first) or `not due`
         (later than the database's clock: refused unless `allow_future`). Changes nothing."""
+        job = await self.resolve(job)
         slots = self.backfill_slots(job, start, end, max_slots)
         await self.store.ensure_schema()
         control = self.store.control
@@ -673,10 +750,11 @@ class Oncely:
         A range holding a slot later than the database's clock is refused (BadInputError,
         audited, nothing ran): run early, its claim would make the real slot skip when it
         comes due. `allow_future=True` runs such slots on purpose (audited as such)."""
+        job = await self.resolve(job)
         plan = await self.backfill_plan(
             job, start, end, max_slots=max_slots, allow_future=allow_future
         )
-        definition = self.registry.job(job)
+        definition = self._definition(job)
         target = f"{job} [{_aware(start).isoformat()}, {_aware(end).isoformat()})"
         action = self._action(audit_as, definition.name, target, actor, reason)
         await self._refuse_not_due(action, plan)
@@ -740,14 +818,17 @@ class Oncely:
 
     async def explain(self, job: str, slot: datetime | None = None) -> Explanation:
         """Why the slot of `job` due at `slot` (default: the latest due one) ran or did not,
-        in one answer (see oncely.explain) from the claim, attempt records and pauses."""
-        definition = self.registry.job(job)
+        in one answer (see oncely.explain) from the claim, attempt records and pauses. A
+        schedule kept as data may be named bare; while it is paused, its latest due slot is
+        answered `paused` whatever that slot came to (the sentence says both)."""
+        job = await self.resolve(job)
+        definition = self._definition(job)
         await self.store.ensure_schema()
         now = await self.store.database_time()
         at = self.slot(job, slot if slot is not None else now)
         control = self.store.control
         records = await control.slot_records(definition.name, at.key, at.at)
-        return explain_slot(
+        answer = explain_slot(
             job=definition.name,
             key=at.key,
             slot=at.at,
@@ -758,6 +839,38 @@ class Oncely:
             pauses=await control.job_pauses(definition.name),
             first_seen=await control.first_seen(definition.name),
         )
+        if slot is None and job in self._data_jobs:
+            return await self._paused_schedule(job, answer)
+        return answer
+
+    async def _schedule_jobs(self) -> list[Job]:
+        """The jobs of every schedule kept as data (none on a database without them)."""
+        found = []
+        for record in await self.schedules.list():
+            job = job_for(record, self.registry, self.tasks, strict=False)
+            self._data_jobs[job.name] = job
+            found.append(job)
+        return found
+
+    async def _paused_schedule(self, job: str, answer: Explanation) -> Explanation:
+        """A paused schedule's answer: `paused`, whatever its latest due slot came to."""
+        if answer.answer == "paused":
+            return answer
+        pause = (await self.store.control.pauses()).get(job)
+        if pause is None:
+            return answer
+        why = f" ({pause.reason})" if pause.reason else ""
+        sentence = (
+            f"schedule {schedule_name(job)} is paused: by {pause.paused_by} at "
+            f"{pause.paused_at.isoformat(timespec='seconds')}{why}; no slot of it starts until "
+            f"it is resumed. Its latest due slot: {answer.sentence}"
+        )
+        fields = {
+            **answer.fields,
+            "paused_since": pause.paused_at.isoformat(),
+            "by": pause.paused_by,
+        }
+        return dataclasses.replace(answer, answer="paused", sentence=sentence, fields=fields)
 
     async def verify(
         self,
@@ -771,8 +884,13 @@ class Oncely:
         [since, until] with its fate by the model (see oncely.fates), and every finding,
         including waiting tasks that no live worker can run. `since` defaults to 24 hours
         before the database's now (or the job's first appearance, if later), `until` to now.
-        Changes nothing."""
-        definitions = [self.registry.job(j) for j in jobs] if jobs else list(self.registry)
+        Changes nothing. The schedules kept as data are checked too (all of them, or those
+        `jobs` names), each from its first appearance or its last change of expression or
+        zone, whichever is later (`oncely_jobs`)."""
+        if jobs:
+            definitions = [self._definition(await self.resolve(j)) for j in jobs]
+        else:
+            definitions = list(self.registry) + await self._schedule_jobs()
         since = _aware(since) if since is not None else None
         until = _aware(until) if until is not None else None
         if since is not None and until is not None and since > until:
@@ -837,7 +955,8 @@ class Oncely:
         it: it notices within seconds, rolls back and gives the slot up (outcome `cancelled`,
         final: `release` frees it). An attempt in its first second is waited for.
         The ids of the attempts asked; BadInputError if none is running (nothing written)."""
-        definition = self.registry.job(job)
+        job = await self.resolve(job)
+        definition = self._definition(job)
         key = self.slot(job, slot).key if slot is not None else None
         if not self.store.dialect.slot_locks:
             raise BadInputError(

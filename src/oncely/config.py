@@ -24,3 +24,7 @@ STARTUP_WAIT = 60.0
 """Seconds a starting worker waits for the database to come up before it gives up."""
 MAX_SLOTS = 1000
 """The most slots one backfill plans or runs, unless told otherwise."""
+
+SCHEDULE_POLL = 1.0
+"""Seconds between two looks of a worker at the due schedules kept as data: how soon a
+schedule added, changed, paused or removed takes effect on every replica."""

@@ -394,3 +394,20 @@ def _missed(
         last = job.schedule.latest_at_or_before(kept[0] - timedelta(microseconds=1)) or kept[0]
     reason = "grace" if late else "catch_up"
     return Missed(job, count - len(runnable), first, last, reason)
+
+
+def data_slots(
+    job: Job, next_slot: datetime, now: datetime
+) -> tuple[list[datetime], Missed | None]:
+    """What to do with a data schedule whose stored next slot is due at `now`: its slots
+    from `next_slot` to `now` under the job's catch-up and grace, as for a code job (the
+    slots to run, oldest first; the report of those that will not run, if any)."""
+    keep = MAX_CATCH_UP if job.catch_up == "all" else 1
+    floor = next_slot - _TICK
+    kept, count = due_slots(job, floor, now, keep)
+    if not kept:
+        return [], None
+    limit = window(job)
+    runnable = [s for s in kept if limit is None or now - s <= limit]
+    missed = _missed(job, floor, kept, runnable, count) if len(runnable) < count else None
+    return runnable, missed

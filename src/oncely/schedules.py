@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -35,6 +36,7 @@ from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words
 from .store import Store
 from .store.control import Action
 from .store.schedules import LEDGER_PREFIX
+from .store.schedules import advance as advance_statement
 from .store.schedules import ledger_name as _ledger_name
 from .tasks import TaskRegistry, check_json
 
@@ -116,11 +118,14 @@ def describe(record: ScheduleRecord) -> str:
     return f"{words} ({record.tz})" if record.cron is not None else words
 
 
-def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
+def job_for(
+    record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry, *, strict: bool = True
+) -> Job:
     """The job the runner runs for a schedule's slots: named by its ledger name; each slot
     enqueues the task in the slot's transaction (idempotency key: ledger name and slot
     key), or calls the job's function there with the stored arguments. ScheduleError if the
-    target is no longer registered here."""
+    target is not registered here, unless not `strict` (the job then serves reads only:
+    `explain`, `verify`; an attempt at one of its slots fails with that error)."""
     name = record.ledger_name
     args = dict(record.args)
     timeout = timedelta(seconds=record.timeout) if record.timeout is not None else None
@@ -128,10 +133,7 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
     if record.target_kind == "task":
         task = tasks.find(record.target)
         if task is None:
-            raise ScheduleError(
-                f"schedule {record.name!r} runs task {record.target!r}, which this app "
-                "does not register"
-            )
+            return _unrunnable(record, jobs, tasks, strict, "task")
 
         async def enqueue(db: Any, now: datetime) -> None:
             key = f"{name}:{default_key(now)}"
@@ -144,10 +146,7 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         try:
             target = jobs.job(record.target)
         except UnknownJobError:
-            raise ScheduleError(
-                f"schedule {record.name!r} runs job {record.target!r}, which this app "
-                "does not register"
-            ) from None
+            return _unrunnable(record, jobs, tasks, strict, "job")
         func = _calling(target, args)
         retry = target.retry
         attempt = target.attempt
@@ -162,6 +161,52 @@ def job_for(record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry) -> Job:
         attempt=attempt,
         retry=retry,
     )
+
+
+def _unrunnable(
+    record: ScheduleRecord, jobs: Registry, tasks: TaskRegistry, strict: bool, kind: str
+) -> Job:
+    error = ScheduleError(
+        f"schedule {record.name!r} runs {kind} {record.target!r}, which this app does not register"
+    )
+    if strict:
+        raise error
+
+    async def unrunnable(db: Any, now: datetime) -> None:
+        raise error
+
+    return Job(
+        name=record.ledger_name,
+        schedule=schedule_of(record),
+        func=unrunnable,
+        catch_up=record.catch_up,  # type: ignore[arg-type]
+        overlap=record.overlap,  # type: ignore[arg-type]
+    )
+
+
+def advancing(job: Job, name: str, expected: datetime | None, following: datetime | None) -> Job:
+    """`job` whose attempt first moves schedule `name`'s next slot from `expected` (the
+    value read) to `following`, in the attempt's own transaction: a slot that commits takes the
+    schedule off the due list with it, so other replicas do not try it again. A failed
+    attempt rolls that back; the worker then moves it on itself (`ScheduleStore.advance`).
+    A framework's attempt (Django's) is left as it is."""
+    if job.attempt is not None or expected is None:
+        return job
+    statement = advance_statement(name, expected, following)
+    func = job.func
+    if job.is_async:
+
+        async def moved(db: Any, now: datetime) -> None:
+            await db.execute(statement)
+            await func(db, now)  # type: ignore[misc]
+
+        return dataclasses.replace(job, func=moved)
+
+    def moved_sync(db: Any, now: datetime) -> None:
+        db.execute(statement)
+        func(db, now)
+
+    return dataclasses.replace(job, func=moved_sync)
 
 
 def _calling(target: Job, args: dict[str, Any]) -> Any:
@@ -249,7 +294,7 @@ class Schedules:
         Exactly one of `cron` (5 fields, in zone `tz`) and `every` (seconds, or `15m`), and
         one of `task` and `job` (registered in this app; `args` must bind to its function).
         ScheduleError, nothing written, for anything that does not hold."""
-        self._check_new_name(name)
+        self.check_new_name(name)
         values = self._checked(
             {
                 "cron": cron,
@@ -503,7 +548,8 @@ class Schedules:
         await self.store.ensure_schema()
         return await self.store.database_time()
 
-    def _check_new_name(self, name: object) -> str:
+    def check_new_name(self, name: object) -> str:
+        """`name` if a new schedule may take it (valid, not a code job's); ScheduleError."""
         name = _name_arg(name)
         if name in {job.name for job in self.jobs}:
             raise ScheduleError(
@@ -696,6 +742,7 @@ class _Raised:
 
 __all__ = [
     "Schedules",
+    "advancing",
     "describe",
     "job_for",
     "ledger_name",

@@ -3,9 +3,11 @@ database, and what the tests count (rows of oncely's tables, effects)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -54,3 +56,43 @@ def everything(db_url: str) -> dict[str, list[Any]]:
         tuple(map(str, r)) for r in rows(db_url, "SELECT * FROM oncely_schedules")
     )
     return found
+
+
+async def until(
+    check: Callable[[], Awaitable[bool] | bool], what: str, limit: float = 30.0
+) -> None:
+    """Poll `check` until it holds, failing after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        found = check()
+        if not isinstance(found, bool):
+            found = await found
+        if found:
+            return
+        await asyncio.sleep(0.05)  # a poll's pause, with a deadline
+    raise AssertionError(f"not within {limit}s: {what}")
+
+
+def wait_until(check: Callable[[], object], what: str, limit: float = 60.0) -> None:
+    """Poll `check` until it holds (from a test's thread), failing after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)  # a poll's pause, with a deadline
+    raise AssertionError(f"not within {limit}s: {what}")
+
+
+def migrate(db_url: str) -> None:
+    """Create oncely's tables and the app's `effects` on the test database (from sync code)."""
+
+    async def go() -> None:
+        application = fresh_app(db_url)
+        try:
+            await application.migrate()
+            async with application.store.transaction() as conn:
+                await conn.exec_driver_sql(importlib.import_module(APP).TABLES)
+        finally:
+            await application.aclose()
+
+    asyncio.run(go())

@@ -218,12 +218,10 @@ async def test_run_due_of_a_job_target_calls_it_with_the_stored_arguments(
 
 
 def test_the_sync_twins_work_from_plain_code(db_url: str) -> None:
-    from tests.schedules.conftest import fresh_app
+    from tests.schedules.conftest import fresh_app, migrate
 
+    migrate(db_url)
     app = fresh_app(db_url)
-    import asyncio
-
-    asyncio.run(app.migrate())
     rec = app.schedules.add_sync("s", every="1h", task="digest", args={"tenant": "s"}, by="me")
     assert app.schedules.get_sync("s") == rec
     assert app.schedules.pause_sync("s").state == "paused"

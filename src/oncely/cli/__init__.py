@@ -33,6 +33,7 @@ from .common import (  # the commands' shared pieces, also reachable as oncely.c
     fail,
     handled,
     known_job,
+    known_name,
     parse_time,
     text_arg,
 )
@@ -137,7 +138,7 @@ def run(
     """
     at = parse_time(now, "--now")
     patience = parse_wait(wait)
-    known_job(obj.app, job)  # unknown job: exit 2 before touching the database
+    job = known_name(obj, job)  # unknown job: exit 2 (a code job: before the database)
 
     async def go(app: Oncely) -> RunResult:
         if at is not None:
@@ -435,6 +436,10 @@ cli.add_command(web)
 from .verify import verify  # noqa: E402
 
 cli.add_command(verify)
+
+from .schedules import schedules  # noqa: E402
+
+cli.add_command(schedules)
 
 
 def main() -> None:

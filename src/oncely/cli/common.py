@@ -3,6 +3,7 @@ codes, the error handling, and the parsing of its arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import clock
-from ..errors import BadInputError, OncelyError
+from ..errors import BadInputError, OncelyError, UnknownJobError
 from . import render
 
 if TYPE_CHECKING:  # the app (SQLAlchemy, the drivers) is imported when a command needs it
@@ -174,3 +175,25 @@ def known_job(app: Oncely, name: str) -> None:
             f"`oncely enqueue {name} --json '{{...}}'` (a worker runs it)"
         )
     app.registry.job(name)
+
+
+def known_name(obj: Context, name: str) -> str:
+    """The name the slots of `name` are claimed under: a code job's name, or the ledger name
+    (`schedule:<name>`) of a schedule kept as data, named bare or so; else as `known_job`
+    (UnknownJobError, exit 2). A name that is no code job is looked up in the database."""
+    app = obj.app
+    if any(j.name == name for j in app.registry):
+        return name
+    if app.tasks.find(name) is None:
+        try:
+            resolved = obj.call(lambda a: a.resolve(name))
+        except OncelyError:  # no schedules table, unreachable: the name is not known here
+            resolved = name
+        if resolved != name or name.startswith("schedule:"):
+            with contextlib.suppress(UnknownJobError):
+                app.registry.job(resolved)
+                return resolved
+            if resolved in app.data_jobs:
+                return resolved
+    known_job(app, name)
+    return name

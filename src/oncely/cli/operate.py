@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..app import Oncely
 
 from . import render
-from .common import EXIT_JOB_FAILED, Context, handled, known_job, parse_time, text_arg
+from .common import EXIT_JOB_FAILED, Context, handled, known_name, parse_time, text_arg
 
 ACTOR_HELP = "Who does this, for the audit trail (default: user@host)."
 _FAILED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED, RunStatus.UNKNOWN)
@@ -57,7 +57,7 @@ def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json
     The pause covers the slots whose time is at or after it (slots before it still run);
     those that fall inside it are not caught up on resume: `backfill` runs them.
     """
-    known_job(obj.app, job)
+    job = known_name(obj, job)
     _texts(reason=reason, actor=actor)
     done = obj.call(lambda app: app.pause(job, reason=reason, actor=actor))
     if as_json:
@@ -75,7 +75,7 @@ def pause(obj: Context, job: str, reason: str | None, actor: str | None, as_json
 @handled
 def resume(obj: Context, job: str, reason: str | None, actor: str | None, as_json: bool) -> None:
     """End JOB's pause now: later slots run as usual (the paused ones are not caught up)."""
-    known_job(obj.app, job)
+    job = known_name(obj, job)
     _texts(reason=reason, actor=actor)
     done = obj.call(lambda app: app.resume(job, reason=reason, actor=actor))
     if as_json:
@@ -131,7 +131,7 @@ def backfill(
     first = parse_time(start, "--from")
     last = parse_time(end, "--to")
     assert first is not None and last is not None
-    known_job(obj.app, job)
+    job = known_name(obj, job)
     _texts(reason=reason, actor=actor)
     obj.app.backfill_slots(job, first, last, max_slots)  # bad range: exit 2 before the database
     if not apply:
@@ -211,7 +211,7 @@ def _apply(
 def explain(obj: Context, job: str, slot: str | None, as_json: bool) -> None:
     """Say why a slot of JOB ran or did not, from what the database recorded."""
     at = parse_time(slot, "--slot")
-    known_job(obj.app, job)
+    job = known_name(obj, job)
     answer = obj.call(lambda app: app.explain(job, at))
     if as_json:
         click.echo(render.dumps(render.explanation_dict(answer)))
@@ -238,7 +238,7 @@ def cancel(
     """Stop JOB's running attempt in whatever process runs it (it rolls back, the slot is
     free); the process notices within seconds."""
     at = parse_time(slot, "--slot")
-    known_job(obj.app, job)
+    job = known_name(obj, job)
     _texts(reason=reason, actor=actor)
     asked = obj.call(lambda app: app.cancel(job, at, actor=actor, reason=reason))
     if as_json:

@@ -14,7 +14,7 @@ import click
 
 from ..fates import SETTLE, SlotFate, Verdict
 from . import render
-from .common import EXIT_JOB_FAILED, Context, Finite, handled, known_job, parse_time
+from .common import EXIT_JOB_FAILED, Context, Finite, handled, known_name, parse_time
 
 
 def _slot_line(job: str, s: SlotFate) -> str:
@@ -87,11 +87,10 @@ def verify(
     """
     start = parse_time(since, "--since")
     end = parse_time(until, "--until")
-    for job in jobs:
-        known_job(obj.app, job)
+    names = [known_name(obj, job) for job in jobs]
     verdict = obj.call(
         lambda app: app.verify(
-            list(jobs) or None, since=start, until=end, settle=timedelta(seconds=settle)
+            names or None, since=start, until=end, settle=timedelta(seconds=settle)
         )
     )
     if as_json:

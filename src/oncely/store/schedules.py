@@ -25,7 +25,7 @@ from . import sql
 from .claims import claim_from_row
 from .control import Action
 from .dialect import Dialect
-from .tables import runs, schedules
+from .tables import jobs, runs, schedules
 
 LEDGER_PREFIX = "schedule:"
 """A data schedule's slots are claimed in oncely_runs under this prefix and its name."""
@@ -140,6 +140,12 @@ def last_claims(prefix: str) -> sa.Select[Any]:
     )
 
 
+def forget_first_seen(name: str) -> sa.Delete:
+    """Drop the recorded first appearance of a ledger name (a schedule added anew, or whose
+    expression or zone changed: `verify` expects its slots from then on)."""
+    return sa.delete(jobs).where(jobs.c.name == name)
+
+
 def ledger_name(name: str) -> str:
     """The job name a schedule's slots are claimed under in oncely_runs."""
     return f"{LEDGER_PREFIX}{name}"
@@ -194,6 +200,12 @@ class ScheduleStore:
             async with self.store.engine.begin() as conn:
                 yield conn
 
+    async def _first_seen(self, conn: AsyncConnection, name: str) -> None:
+        """Date the schedule's expected slots from this change (see `forget_first_seen`)."""
+        job = ledger_name(name)
+        await conn.execute(forget_first_seen(job))
+        await conn.execute(sql.record_jobs(self.dialect.insert(), [job], self.dialect.now()))
+
     async def _audit(self, conn: AsyncConnection, action: Action, result: str) -> None:
         values = {
             "at": self.dialect.now(),
@@ -234,6 +246,7 @@ class ScheduleStore:
             row = (await conn.execute(insert_schedule(self.dialect.insert(), values))).first()
             if row is None:
                 raise ScheduleError(f"a schedule named {values['name']!r} exists already")
+            await self._first_seen(conn, values["name"])
             if paused:
                 job = ledger_name(values["name"])
                 now = self.dialect.now()
@@ -252,6 +265,8 @@ class ScheduleStore:
             row = (await conn.execute(change_schedule(name, version, values))).first()
             if row is None:
                 await self._refuse_changed(conn, name)
+            if "next_slot" in values:
+                await self._first_seen(conn, name)
             await self._audit(conn, action, result)
         assert row is not None
         return record(row)
@@ -319,7 +334,12 @@ class ScheduleStore:
         database older than schema 17)."""
         if not self.store.has_schedules:
             return []
-        return [record(r) for r in await self.store._read(due(now, limit))]
+        # One statement, autocommitted where the database can: what an idle worker sends
+        # every poll (one transaction, not a BEGIN, the read and a ROLLBACK).
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                conn = await conn.execution_options(**self.dialect.record_options())
+                return [record(r) for r in await conn.execute(due(now, limit))]
 
     async def next_due(self) -> datetime | None:
         """The earliest next slot of any active schedule."""

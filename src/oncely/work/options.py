@@ -41,6 +41,8 @@ class WorkerOptions:
     pool_size: int = config.POOL_SIZE
     shutdown_timeout: float = config.SHUTDOWN_TIMEOUT
     startup_wait: float = config.STARTUP_WAIT
+    schedule_poll: float = config.SCHEDULE_POLL
+    """Seconds between two looks at the due schedules kept as data (0 < poll)."""
 
     def __post_init__(self) -> None:
         _count("concurrency", self.concurrency, least=0)
@@ -48,6 +50,7 @@ class WorkerOptions:
         _count("pool_size", self.pool_size)
         object.__setattr__(self, "lease", _positive("the lease", self.lease))
         object.__setattr__(self, "poll", _positive("poll", self.poll))
+        object.__setattr__(self, "schedule_poll", _positive("schedule_poll", self.schedule_poll))
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(self.queues) or None)
         if self.jobs is not None:
@@ -66,6 +69,7 @@ class WorkerOptions:
         pool_size: int = config.POOL_SIZE,
         shutdown_timeout: float = config.SHUTDOWN_TIMEOUT,
         startup_wait: float = config.STARTUP_WAIT,
+        schedule_poll: float = config.SCHEDULE_POLL,
     ) -> WorkerOptions:
         """Options from keyword arguments where None means the default."""
         return cls(
@@ -78,6 +82,7 @@ class WorkerOptions:
             pool_size=pool_size,
             shutdown_timeout=shutdown_timeout,
             startup_wait=startup_wait,
+            schedule_poll=schedule_poll,
         )
 
     @property

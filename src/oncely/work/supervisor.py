@@ -22,6 +22,7 @@ from ..store import Store
 from ..tasks import TaskRegistry
 from .jobs import JobWorker
 from .options import WorkerOptions
+from .schedules import ScheduleWorker
 from .tasks import TaskWorker
 
 
@@ -34,7 +35,8 @@ def components(
 ) -> list[Coroutine[Any, Any, None]]:
     """The long-running parts of a worker, all stopped by the same event.
 
-    The scheduled-job loop runs the jobs `options.jobs` names (default: all); the task worker
+    The scheduled-job loop runs the jobs `options.jobs` names (default: all, and then the
+    schedules kept as data, by their own loop, too); the task worker
     runs the registry's tasks (`options.concurrency` at once, on `options.pool_size`
     connections; 0 turns it off) with the same graceful stop.
     """
@@ -55,6 +57,7 @@ class _Parts:
         self.parts: list[Coroutine[Any, Any, None]] = []
         self.job_worker: JobWorker | None = None
         self.task_worker: TaskWorker | None = None
+        self.schedule_worker: ScheduleWorker | None = None
         selected = (
             [jobs.job(name) for name in options.jobs] if options.jobs is not None else list(jobs)
         )
@@ -63,6 +66,11 @@ class _Parts:
         if selected:
             self.job_worker = JobWorker(store, selected, stopping, options)
             self.parts.append(self.job_worker.run())
+        if options.jobs is None and (len(jobs) or len(tasks)):
+            # Schedules kept as data run what the app registers: a worker of all jobs
+            # looks at them too (one indexed read per poll).
+            self.schedule_worker = ScheduleWorker(store, jobs, tasks, stopping, options)
+            self.parts.append(self.schedule_worker.run())
         if self.task_worker is not None:
             consume = self.task_worker.consume(stopping)
             self.parts.append(_stops_within(consume, stopping, options.shutdown_timeout))
