@@ -193,3 +193,30 @@ def test_a_failed_slot_is_reported_and_listed_with_its_outcome(alias: str, staff
     assert latest and re.fullmatch(r"\S+\+0[12]:00 failed", latest.group(1)), latest
     last = re.search(r'<td class="field-last_run">([^<]*)</td>', listed)
     assert last and last.group(1) == "-"  # no slot of it ran
+
+
+def test_the_worker_runs_a_schedule_added_in_the_admin_each_slot_once_on_the_orm(
+    alias: str, staff: Any, django_project: dict[str, str]
+) -> None:
+    import signal
+
+    from shop_helpers import manage
+
+    page = _add(staff, cron="", every="1s")
+    assert b"was added successfully" in page.content
+    worker = manage(django_project, alias, "oncely", "worker")
+    mine = "WHERE member = 'digest:acme'"
+    try:
+        deadline = time.monotonic() + 90
+        while count(alias, "shop_bonus", mine) < 3:
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline, "three slots did not run within 90 s"
+            time.sleep(0.1)  # polling the rows, with a deadline
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, (out, err)
+    ran = count(alias, "oncely_runs", "WHERE job = 'schedule:acme_digest'")
+    assert count(alias, "shop_bonus", mine) == ran >= 3  # each slot's ORM work with its claim
+    distinct = f"(SELECT DISTINCT week FROM shop_bonus {mine}) AS slots"
+    assert count(alias, distinct) == ran  # one per slot

@@ -27,7 +27,8 @@ def tick(now):
 @app.job(cron("0 0 1 1 *"))
 def digest(now, customer="all"):
     # Once a year in code; the schedules kept as data call it with their own arguments.
-    Bonus.objects.using(app.alias).create(member=f"digest:{customer}", week=now.strftime("%H:%M"))
+    week = now.strftime("%H:%M:%S")
+    Bonus.objects.using(app.alias).create(member=f"digest:{customer}", week=week)
     if customer == "gone":
         raise LookupError(f"customer {customer} is gone")
 
