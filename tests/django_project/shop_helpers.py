@@ -91,6 +91,7 @@ def empty(alias: str) -> None:
             "oncely_tasks",
             "oncely_duplicates",
             "oncely_task_errors",
+            "oncely_attempts",
             "oncely_pauses",
             "oncely_audit",
             "oncely_schedules",
