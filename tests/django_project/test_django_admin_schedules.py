@@ -141,7 +141,15 @@ def test_run_the_due_slot_now_runs_it_once(alias: str, staff: Any) -> None:
     assert count(alias, "shop_bonus", "WHERE member = 'digest:acme'") == 1  # once
     assert count(alias, "oncely_runs", "WHERE job = 'schedule:acme_digest'") == 1
     listed = staff.get(LIST).content.decode()
-    assert re.search(r"\+0[12]:00 ran on ", listed)  # the last run, with its outcome
+    assert re.search(r'field-last_run">\S+\+0[12]:00 ran on ', listed)  # the last run
+    assert re.search(r'field-latest_slot">\S+\+0[12]:00 ran<', listed)
+    # Every second now: its latest due slot did not run; its last run is still the one above.
+    from oncely.contrib.django.operated import operated_app
+
+    operated_app().schedules.update_sync("acme_digest", every="1s", by="tests")
+    listed = staff.get(LIST).content.decode()
+    assert re.search(r'field-last_run">\S+\+0[12]:00 ran on ', listed), listed
+    assert re.search(r'field-latest_slot">\S+\+0[12]:00 not run<', listed), listed
 
 
 def test_a_schedule_runs_a_django_task_enqueued_with_its_slot_once(

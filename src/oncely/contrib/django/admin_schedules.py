@@ -23,10 +23,10 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
 from ...errors import OncelyError
-from ...model import Claim, RunResult, ScheduleRecord, duration_text
+from ...model import RunResult, ScheduleRecord, duration_text
 from ...registry import CATCH_UP_CHOICES, OVERLAP_CHOICES
 from ...schedules import MAX_NAME, Schedules, describe
-from .jobs import latest_outcomes
+from .jobs import ScheduleRuns, schedule_runs
 from .models import ScheduleRow
 from .operated import actor, call, operated_app
 
@@ -233,16 +233,16 @@ class ScheduleAdmin(admin.ModelAdmin):
         return type(form.__name__, (form,), {"by": actor(request)})
 
     def get_list_display(self, request: Any) -> Any:
-        # Django asks more than once per request: the reads are made once, kept on it.
-        if not hasattr(request, "oncely_latest"):
-            request.oncely_last = self._last_runs(request)
-            request.oncely_latest = {}  # the page's rows' (get_changelist_instance)
-        last: dict[str, Claim] = request.oncely_last
-        latest: dict[str, str] = request.oncely_latest
+        # Django asks more than once per request: one dict per request, which
+        # get_changelist_instance fills for the page's rows.
+        if not hasattr(request, "oncely_runs"):
+            request.oncely_runs = {}
+        runs: dict[str, ScheduleRuns] = request.oncely_runs
 
         @admin.display(description="last run")
         def last_run(row: ScheduleRow) -> str:
-            claim = last.get(row.name)
+            found = runs.get(row.name)
+            claim = found.last if found else None
             if claim is None:
                 return "-"
             done = "ran" if claim.finished_at is not None else "running"
@@ -250,26 +250,20 @@ class ScheduleAdmin(admin.ModelAdmin):
 
         @admin.display(description="latest due slot")
         def latest_slot(row: ScheduleRow) -> str:
-            return latest.get(row.name, "-")
+            found = runs.get(row.name)
+            return (found.latest if found else None) or "-"
 
         return ("name", "words", "zone", "target_", "next", last_run, latest_slot, "enabled")
 
-    def _last_runs(self, request: Any) -> dict[str, Claim]:
-        try:
-            return _schedules().last_runs_sync()
-        except OncelyError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return {}
-
     def get_changelist_instance(self, request: Any) -> Any:
-        """The list's page, with the outcome of each of its schedules' latest due slot (two
-        reads for the page, whatever its size)."""
+        """The list's page, with its schedules' runs (a few reads for the page, whatever the
+        size of the ledger or the number of schedules)."""
         changelist = super().get_changelist_instance(request)
         records = [row.record() for row in changelist.result_list]
-        latest = getattr(request, "oncely_latest", None)
-        if records and latest is not None:
+        runs = getattr(request, "oncely_runs", None)
+        if records and runs is not None:
             try:
-                latest.update(call(lambda app: latest_outcomes(app, records)))
+                runs.update(call(lambda app: schedule_runs(app, records)))
             except OncelyError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
         return changelist

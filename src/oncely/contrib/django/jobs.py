@@ -9,7 +9,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from ...app import Oncely
-from ...model import Explanation, Pause, ScheduleRecord
+from ...model import Claim, Explanation, Pause, ScheduleRecord
 from ...schedule import default_key
 from ...schedules import schedule_of
 from ...web.words import in_words, zone_name
@@ -56,30 +56,44 @@ async def job_rows(app: Oncely) -> list[JobRow]:
     return rows
 
 
-async def latest_outcomes(app: Oncely, records: list[ScheduleRecord]) -> dict[str, str]:
-    """Each schedule's latest due slot (in its zone) and what it came to, `SLOT OUTCOME`:
-    `ran`, `running`, an attempt's recorded outcome (`failed`, `timeout`, `cancelled`,
-    `overlap`, `missed` …) or `not run`; none for a schedule with no slot due since it was
-    added. Two reads for all of them (`store.views.slots`)."""
+@dataclass(frozen=True)
+class ScheduleRuns:
+    """A listed schedule's runs: its latest due slot with what it came to, and its last run."""
+
+    latest: str | None
+    """`SLOT OUTCOME` (in its zone): `ran`, `running`, an attempt's recorded outcome
+    (`failed`, `timeout`, `cancelled`, `overlap`, `missed` …) or `not run`; None when no slot
+    has come due since it was added."""
+    last: Claim | None
+    """The newest claim of its slots: the last slot that ran (or runs)."""
+
+
+async def schedule_runs(app: Oncely, records: list[ScheduleRecord]) -> dict[str, ScheduleRuns]:
+    """The runs of a list page's schedules: two reads for their latest due slots
+    (`store.views.slots`), and one more per schedule whose latest slot did not run (its
+    newest claim, by the ledger's index): bounded by the page, never by the ledger."""
     now = await app.store.database_time()
     due: dict[str, tuple[str, str, datetime]] = {}
     for rec in records:
         slot = schedule_of(rec).latest_at_or_before(now)
         if slot is not None and slot >= rec.created_at:
             due[rec.name] = (rec.ledger_name, default_key(slot), slot)
-    if not due:
-        return {}
-    claims, attempts = await app.store.views.slots([(job, key) for job, key, _ in due.values()])
+    pairs = [(job, key) for job, key, _ in due.values()]
+    claims, attempts = await app.store.views.slots(pairs) if pairs else ({}, {})
     found = {}
     for rec in records:
-        if rec.name not in due:
-            continue
-        job, key, slot = due[rec.name]
-        claim = claims.get((job, key))
-        outcomes = [a.outcome for a in attempts.get((job, key), []) if a.outcome]
-        if claim is not None:
-            outcome = "ran" if claim.finished_at is not None else "running"
-        else:
-            outcome = outcomes[-1] if outcomes else "not run"
-        found[rec.name] = f"{slot.astimezone(ZoneInfo(rec.tz)).isoformat()} {outcome}"
+        latest, last = None, None
+        if rec.name in due:
+            job, key, slot = due[rec.name]
+            last = claims.get((job, key))
+            outcomes = [a.outcome for a in attempts.get((job, key), []) if a.outcome]
+            if last is not None:
+                outcome = "ran" if last.finished_at is not None else "running"
+            else:
+                outcome = outcomes[-1] if outcomes else "not run"
+            latest = f"{slot.astimezone(ZoneInfo(rec.tz)).isoformat()} {outcome}"
+        if last is None:
+            newest = await app.store.history(rec.ledger_name, 1)
+            last = newest[0] if newest else None
+        found[rec.name] = ScheduleRuns(latest=latest, last=last)
     return found
