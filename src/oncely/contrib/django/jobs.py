@@ -10,9 +10,14 @@ from zoneinfo import ZoneInfo
 
 from ...app import Oncely
 from ...model import Claim, Explanation, Pause, ScheduleRecord
-from ...schedule import default_key
+from ...schedule import Schedule, default_key, in_words
 from ...schedules import schedule_of
-from ...web.words import in_words, zone_name
+
+
+def zone_name(schedule: Schedule) -> str:
+    """The IANA name of a schedule's zone (UTC for a fixed offset)."""
+    zone = schedule.zone
+    return zone.key if isinstance(zone, ZoneInfo) else "UTC"
 
 
 @dataclass(frozen=True)
