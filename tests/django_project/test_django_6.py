@@ -5,8 +5,8 @@ from this checkout as `oncely[django]`, on SQLite and Postgres.
 The suite itself runs on the Python that runs pytest (Django 5.2 LTS with the django-tasks
 backport, as CI installs `.[test]`); this test runs it once more in the other environment.
 Without Python 3.12+ or PyPI it skips, except in CI (CI=true), where it fails. The venv is
-kept in pytest's cache between runs on one machine (keyed on pyproject.toml, the Python and SUITE_NEEDS);
-oncely itself is reinstalled from the checkout every time.
+kept in pytest's cache between runs on one machine (keyed on pyproject.toml, the Python and
+SUITE_NEEDS); oncely itself is reinstalled from the checkout every time.
 """
 
 from __future__ import annotations
