@@ -92,7 +92,23 @@ def empty(alias: str) -> None:
             "oncely_tasks",
             "oncely_duplicates",
             "oncely_task_errors",
+            "oncely_attempts",
+            "oncely_pauses",
+            "oncely_audit",
+            "oncely_schedules",
             "shop_bonus",
             "shop_receipt",
         ):
             cursor.execute(f"DELETE FROM {table}")
+
+
+def backdate_schedule(alias: str, name: str) -> None:
+    """The schedule as if added a year ago: its slots since have come due (for `run_due`,
+    which runs none from before the schedule was added). A test's setup, not oncely's API."""
+    from datetime import timedelta
+
+    from oncely.contrib.django.models import ScheduleRow
+
+    rows = ScheduleRow.objects.using(alias).filter(name=name)
+    (row,) = rows
+    rows.update(created_at=row.created_at - timedelta(days=365))

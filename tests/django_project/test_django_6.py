@@ -5,8 +5,8 @@ from this checkout as `oncely[django]`, on SQLite and Postgres.
 The suite itself runs on the Python that runs pytest (Django 5.2 LTS with the django-tasks
 backport, as CI installs `.[test]`); this test runs it once more in the other environment.
 Without Python 3.12+ or PyPI it skips, except in CI (CI=true), where it fails. The venv is
-kept in pytest's cache between runs on one machine (keyed on pyproject.toml and the Python);
-oncely itself is reinstalled from the checkout every time.
+kept in pytest's cache between runs on one machine (keyed on pyproject.toml, the Python and
+SUITE_NEEDS); oncely itself is reinstalled from the checkout every time.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ DJANGO = "Django>=6.0,<6.2"
 SUITE_NEEDS = [
     *("pytest>=8", "pytest-asyncio>=0.24", "pytest-timeout>=2.3", "psycopg2-binary>=2.9"),
     *("opentelemetry-api>=1.20", "opentelemetry-sdk>=1.20"),  # the enqueue's trace test
+    "playwright>=1.64,<1.65",  # the admin in Chromium (Debian's: no browser download)
 ]
 """What tests/conftest.py and the suite's tests need besides `oncely[django]`."""
 
@@ -62,12 +63,13 @@ def python312() -> str:
 
 
 def django6_venv(python: str, where: Path) -> Path:
-    """A venv of `python` with Django 6.x and what the suite needs (kept while pyproject.toml
-    and the Python stay the same), and oncely freshly installed from the checkout."""
+    """A venv of `python` with Django 6.x and what the suite needs (kept while pyproject.toml,
+    the Python and SUITE_NEEDS stay the same), and oncely freshly installed from the checkout."""
     version = subprocess.run(
         [python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True
     ).stdout
-    key = hashlib.sha256(((ROOT / "pyproject.toml").read_text() + version).encode()).hexdigest()
+    needs = (ROOT / "pyproject.toml").read_text() + version + " ".join(SUITE_NEEDS)
+    key = hashlib.sha256(needs.encode()).hexdigest()
     venv, stamp = where / "venv", where / "venv.key"
     bin_ = venv / "bin"
     if not (stamp.exists() and stamp.read_text() == key and (bin_ / "python").exists()):

@@ -228,3 +228,97 @@ def test_a_slow_sync_task_delays_no_other_and_keeps_its_short_lease(
     assert slow_row.attempt == 1 and all(row.attempt == 1 for row in short)  # no lease lost
     assert count(alias, "shop_receipt") == 51
     assert count(alias, "shop_receipt", "WHERE order_id = 0") == 1
+
+
+def test_an_async_task_s_orm_work_commits_with_its_ack_or_rolls_back_with_its_error(
+    alias: str, django_project: dict[str, str], stopped: list[subprocess.Popen[str]]
+) -> None:
+    from shop.tasks import async_numbered_receipt, async_receipt
+
+    ok = async_receipt.using(backend=alias).enqueue(1, using=alias)
+    failing = async_receipt.using(backend=alias).enqueue(2, using=alias, fail=True)
+    numbered = async_numbered_receipt.using(backend=alias).enqueue(3, using=alias)
+    worker = _worker(django_project, alias, "--concurrency", "2")
+    stopped.append(worker)
+    _until(
+        lambda: _states(alias, "succeeded") + _states(alias, "dead") == 3,
+        worker,
+        "the async tasks' end",
+    )
+    _stop(worker)
+    rows = {str(row.id): row for row in _rows(alias)}
+    assert rows[ok.id].state == "succeeded" and rows[ok.id].attempt == 1
+    assert async_receipt.using(backend=alias).get_result(ok.id).return_value["order"] == 1
+    assert rows[numbered.id].state == "succeeded"
+    assert async_numbered_receipt.using(backend=alias).get_result(numbered.id).return_value == 1
+    # Two attempts (TASK_RETRY), each one's write rolled back with its error.
+    assert rows[failing.id].state == "dead" and rows[failing.id].attempt == 2
+    assert "order 2 failed after its write" in rows[failing.id].error
+    assert count(alias, "shop_receipt", "WHERE order_id = 2") == 0
+    assert count(alias, "shop_receipt", "WHERE order_id IN (1, 3)") == 2
+
+
+def test_run_attempt_rolls_an_async_task_s_work_back_when_its_ack_matches_no_row(
+    alias: str,
+) -> None:
+    from oncely.contrib.django import LeaseLostError, run_attempt
+
+    _, sql, params = _leased(alias, 1)
+    lost = {**params, "p_token": "another"}
+    call = ("shop.tasks.async_receipt", [5], {"using": alias}, sql, lost)
+    with pytest.raises(LeaseLostError, match="lease was lost"):
+        run_attempt(alias, *call)
+    assert count(alias, "shop_receipt", "WHERE order_id = 5") == 0  # rolled back
+    run_attempt(alias, *call[:4], params)
+    assert count(alias, "shop_receipt", "WHERE order_id = 5") == 1
+
+
+def test_a_task_s_own_retry_and_timeout_come_from_its_decorator(
+    alias: str,
+    django_project: dict[str, str],
+    stopped: list[subprocess.Popen[str]],
+    tmp_path: Path,
+) -> None:
+    from shop import tasks
+
+    if not tasks.TASK_OPTIONS:
+        pytest.skip("Django 6.0's @task passes no options to the backend's task class")
+    from oncely.contrib.django import Oncely
+
+    app = Oncely(using=alias)
+    app.register_django_tasks()
+    patient = app.tasks.get("shop.tasks.patient_receipt")
+    assert patient.retry.attempts == 2 and patient.timeout == 30
+    marker = tmp_path / "marker"
+    result = tasks.patient_receipt.using(backend=alias).enqueue(9, str(marker), using=alias)
+    worker = _worker(django_project, alias)
+    stopped.append(worker)
+    _until(lambda: _states(alias, "dead") == 1, worker, "the task's last attempt")
+    _stop(worker)
+    (row,) = _rows(alias)
+    assert str(row.id) == result.id and row.attempt == 2  # its own policy: two attempts
+    assert len(marker.read_text().splitlines()) == 2
+    assert count(alias, "shop_receipt") == 0
+
+
+def test_a_task_s_own_options_are_checked_when_it_is_defined_and_settings_win() -> None:
+    from shop import tasks
+
+    from oncely import RetryPolicy
+    from oncely.contrib.django import TaskBackend
+    from oncely.contrib.django.tasks import InvalidTaskError
+
+    if not tasks.TASK_OPTIONS:
+        pytest.skip("Django 6.0's @task passes no options to the backend's task class")
+
+    with pytest.raises(InvalidTaskError, match=r"@task of .*: retry: .*attempts"):
+        tasks.task(retry={"attempts": 0})(tasks.send_receipt.func)
+    with pytest.raises(InvalidTaskError, match=r"@task of .*: timeout must be"):
+        tasks.task(timeout="soon")(tasks.send_receipt.func)
+    path = "shop.tasks.patient_receipt"
+    ours = RetryPolicy(attempts=9)
+    backend = TaskBackend("x", {"OPTIONS": {"RETRY": RetryPolicy(attempts=4)}})
+    assert backend.retry_policy(path, tasks.patient_receipt).attempts == 2  # its own
+    assert backend.retry_policy("shop.tasks.send_receipt", tasks.send_receipt).attempts == 4
+    backend = TaskBackend("x", {"OPTIONS": {"TASK_RETRY": {path: ours}}})
+    assert backend.retry_policy(path, tasks.patient_receipt) is ours  # the setting wins

@@ -24,6 +24,15 @@ def tick(now):
     Bonus.objects.using(app.alias).create(member="tick", week=now.strftime("%H:%M:%S"))
 
 
+@app.job(cron("0 0 1 1 *"))
+def digest(now, customer="all"):
+    # Once a year in code; the schedules kept as data call it with their own arguments.
+    week = now.strftime("%H:%M:%S")
+    Bonus.objects.using(app.alias).create(member=f"digest:{customer}", week=week)
+    if customer == "gone":
+        raise LookupError(f"customer {customer} is gone")
+
+
 if os.environ.get("SHOP_KILL_BEFORE_COMMIT"):
     # A real crash between the job's work and its commit: this process is SIGKILLed there.
     hooks.add_before_commit(lambda job, key: os.kill(os.getpid(), signal.SIGKILL))

@@ -96,6 +96,7 @@ TASKS = {
                 "shop.tasks.flaky_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"},
                 "shop.tasks.numbered_receipt": {"attempts": 3, "wait": 0, "backoff": "fixed"},
                 "shop.tasks.stuck_receipt": {"attempts": 1},
+                "shop.tasks.async_receipt": {"attempts": 2, "wait": 0, "backoff": "fixed"},
                 "shop.tasks.declined_receipt": RetryPolicy(
                     attempts=5, wait=0, discard_on=[LookupError]
                 ),

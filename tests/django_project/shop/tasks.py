@@ -1,3 +1,4 @@
+import inspect
 import os
 import signal
 import time
@@ -69,6 +70,36 @@ def stuck_receipt(order_id, using="default", seconds=2.0):
     time.sleep(seconds)
     Receipt.objects.using(using).create(order_id=order_id)
     return order_id
+
+
+@task()
+async def async_receipt(order_id, using="default", fail=False):
+    # An `async def` task on the async ORM: its write commits with the attempt's ack, or
+    # rolls back with it when it raises after the write.
+    await Receipt.objects.using(using).acreate(order_id=order_id)
+    if fail:
+        raise RuntimeError(f"order {order_id} failed after its write")
+    return {"order": order_id, "count": await Receipt.objects.using(using).acount()}
+
+
+@task(takes_context=True)
+async def async_numbered_receipt(context, order_id, using="default"):
+    await Receipt.objects.using(using).acreate(order_id=order_id)
+    return context.attempt
+
+
+TASK_OPTIONS = "kwargs" in inspect.signature(task).parameters
+"""Django's `@task` hands options to the backend's task class (6.1, the backport); 6.0 not."""
+
+if TASK_OPTIONS:
+
+    @task(retry={"attempts": 2, "wait": 0, "backoff": "fixed"}, timeout=30)
+    def patient_receipt(order_id, marker, using="default"):
+        # Its own policy (the decorator's): two attempts, both failing after their write.
+        with open(marker, "a") as out:
+            out.write("attempt\n")
+        Receipt.objects.using(using).create(order_id=order_id)
+        raise RuntimeError("the courier did not come")
 
 
 if os.environ.get("SHOP_KILL_TASK_BEFORE_COMMIT"):

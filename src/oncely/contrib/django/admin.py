@@ -21,6 +21,7 @@ from ...app import Oncely as CoreOncely
 from ...cli.loading import load_app
 from ...errors import OncelyError
 from ...model import TaskRecord
+from . import admin_jobs, admin_schedules  # noqa: F401  (register their pages)
 from .app import Oncely
 from .models import SlotClaim, TaskRow, first_line
 from .settings_app import app_spec

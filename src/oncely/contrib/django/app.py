@@ -83,11 +83,11 @@ class Oncely(core.Oncely):
                 continue
             backend = django_tasks.backend_for(task, self.alias)
             self.tasks.add(
-                task.func,
+                django_tasks.signature_shim(task),
                 name=path,
-                retry=backend.retry_policy(path),
+                retry=backend.retry_policy(path, task),
                 queue=task.queue_name,
-                timeout=backend.timeout(path),
+                timeout=backend.timeout(path, task),
                 attempt=functools.partial(django_tasks.attempt, self.alias),
             )
             added.append(path)

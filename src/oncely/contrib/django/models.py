@@ -7,11 +7,13 @@ actions call the same functions as `oncely tasks retry` / `discard`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import DatabaseError, models, transaction
 
-from ...model import TaskRecord, TaskState
+from ...model import ScheduleRecord, TaskRecord, TaskState
+from ...schedules import ledger_name
 from ...tasks import decode_result
 
 
@@ -127,3 +129,73 @@ class TaskRow(models.Model):
         }
         result = decode_result(self.result)
         return TaskRecord(state=TaskState(self.state), result=result, **fields)
+
+
+class CodeJob(SlotClaim):
+    """The admin's page of the jobs in code (`ONCELY["APP"]`): no table of its own (a proxy),
+    only a place in the admin and its permissions (view: the page; change: pause, resume)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "code job"
+
+
+class ScheduleRow(models.Model):
+    """One schedule kept as data (oncely_schedules), for the admin's list: read here, changed
+    only through `app.schedules` (checked and audited there)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    cron = models.CharField(max_length=200, null=True)
+    every_seconds = models.FloatField(null=True)
+    tz = models.CharField(max_length=64)
+    target_kind = models.CharField(max_length=8)
+    target = models.CharField(max_length=200)
+    args = models.TextField()
+    catch_up = models.CharField(max_length=8)
+    grace_seconds = models.FloatField(null=True)
+    overlap = models.CharField(max_length=8)
+    timeout_seconds = models.FloatField(null=True)
+    state = models.CharField(max_length=8)
+    pause_reason = models.TextField(null=True)
+    next_slot = models.DateTimeField(null=True)
+    version = models.IntegerField()
+    created_at = models.DateTimeField()
+    changed_at = models.DateTimeField()
+    changed_by = models.CharField(max_length=255)
+
+    class Meta:
+        managed = False
+        db_table = "oncely_schedules"
+        ordering = ("name",)
+        verbose_name = "schedule"
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+    def record(self) -> ScheduleRecord:
+        """The row as oncely's ScheduleRecord (what `app.schedules.get` returns)."""
+        try:
+            args = json.loads(self.args or "{}")
+        except ValueError:
+            args = {}
+        return ScheduleRecord(
+            name=self.name,
+            cron=self.cron,
+            every=self.every_seconds,
+            tz=self.tz,
+            target_kind=self.target_kind,
+            target=self.target,
+            args=args if isinstance(args, dict) else {},
+            catch_up=self.catch_up,
+            grace=self.grace_seconds,
+            overlap=self.overlap,
+            timeout=self.timeout_seconds,
+            state=self.state,
+            pause_reason=self.pause_reason,
+            version=self.version,
+            created_at=self.created_at,
+            changed_at=self.changed_at,
+            changed_by=self.changed_by,
+            next_slot=self.next_slot,
+            ledger_name=ledger_name(self.name),
+        )

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import close_old_connections, connections, transaction
 
 from ... import hooks, tracing
@@ -33,6 +36,7 @@ from .connection import default_alias, lent
 try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import InvalidTask as InvalidTaskError
     from django.tasks.exceptions import TaskResultDoesNotExist
 except ImportError:  # Django 5.2: the django-tasks backport, the same API
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef, unused-ignore]
@@ -43,7 +47,10 @@ except ImportError:  # Django 5.2: the django-tasks backport, the same API
         TaskResult,
         TaskResultStatus,
     )
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef, unused-ignore]
+    from django_tasks.exceptions import (  # type: ignore[no-redef, unused-ignore]
+        InvalidTaskError,
+        TaskResultDoesNotExist,
+    )
 
 ARGS, KWARGS = "args", "kwargs"
 """A Django task's row keeps its call as {"args": [...], "kwargs": {...}} in `args`."""
@@ -61,6 +68,29 @@ _STATUS = {
 }
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OncelyTask(Task):
+    """A `django.tasks` Task of oncely's backend, with two options of its own where Django's
+    `@task` passes its keyword arguments on to the backend's task class (Django 6.1, and the
+    django-tasks backport): `retry`, a RetryPolicy or a dict of its arguments, and
+    `timeout`, an attempt's limit in seconds or a timedelta. Checked as the module is
+    imported: a bad value is Django's InvalidTaskError naming the task."""
+
+    retry: Any = None
+    timeout: Any = None
+
+    def __post_init__(self) -> None:
+        where = f"@task of {self.module_path}"
+        try:
+            if self.retry is not None:
+                object.__setattr__(self, "retry", _policy(self.retry, f"{where}: retry"))
+            if self.timeout is not None:
+                object.__setattr__(self, "timeout", _seconds(self.timeout, f"{where}: timeout"))
+        except ConfigError as exc:
+            raise InvalidTaskError(str(exc)) from None
+        super().__post_init__()
+
+
 class TaskBackend(BaseTaskBackend):
     """oncely's queue as a `django.tasks` backend (see the module's docstring).
 
@@ -74,8 +104,9 @@ class TaskBackend(BaseTaskBackend):
     attempt's error and the stored return value.
     """
 
+    task_class = OncelyTask
     supports_defer = True
-    supports_async_task = False
+    supports_async_task = True
     supports_get_result = True
     supports_priority = True
 
@@ -93,20 +124,27 @@ class TaskBackend(BaseTaskBackend):
         super().validate_task(task)
         _VALIDATED.setdefault(task.module_path, task)
 
-    def retry_policy(self, module_path: str) -> RetryPolicy | None:
-        """The task's RetryPolicy from OPTIONS (`TASK_RETRY`, else `RETRY`); None: oncely's
-        default policy. ConfigError naming the setting if one is malformed."""
-        policy: RetryPolicy | None = self._option("RETRY", module_path, _policy)
+    def retry_policy(self, module_path: str, task: Task | None = None) -> RetryPolicy | None:
+        """The task's RetryPolicy: OPTIONS' `TASK_RETRY` for it, else its own `@task(retry=)`,
+        else OPTIONS' `RETRY`; None: oncely's default policy. ConfigError naming the setting
+        if one is malformed."""
+        own = task.retry if isinstance(task, OncelyTask) else None
+        policy: RetryPolicy | None = self._option("RETRY", module_path, _policy, own)
         return policy
 
-    def timeout(self, module_path: str) -> float | None:
-        """The task's attempt timeout in seconds from OPTIONS (`TASK_TIMEOUT`, else
-        `TIMEOUT`); None: no timeout. ConfigError naming the setting if one is malformed."""
-        seconds: float | None = self._option("TIMEOUT", module_path, _seconds)
+    def timeout(self, module_path: str, task: Task | None = None) -> float | None:
+        """The task's attempt timeout in seconds: OPTIONS' `TASK_TIMEOUT` for it, else its
+        own `@task(timeout=)`, else OPTIONS' `TIMEOUT`; None: no timeout. ConfigError
+        naming the setting if one is malformed."""
+        own = task.timeout if isinstance(task, OncelyTask) else None
+        seconds: float | None = self._option("TIMEOUT", module_path, _seconds, own)
         return seconds
 
-    def _option(self, name: str, module_path: str, parse: Callable[[Any, str], Any]) -> Any:
-        """OPTIONS[`TASK_<name>`][module_path], else OPTIONS[name], parsed; else None."""
+    def _option(
+        self, name: str, module_path: str, parse: Callable[[Any, str], Any], own: Any = None
+    ) -> Any:
+        """OPTIONS[`TASK_<name>`][module_path], else the task's `own` value, else
+        OPTIONS[name], parsed; else None."""
         where = f"TASKS[{self.alias!r}]['OPTIONS']"
         per_task = self.options.get(f"TASK_{name}", {})
         if not isinstance(per_task, dict):
@@ -116,6 +154,8 @@ class TaskBackend(BaseTaskBackend):
             )
         if module_path in per_task:
             return parse(per_task[module_path], f"{where}['TASK_{name}'][{module_path!r}]")
+        if own is not None:
+            return own
         if name in self.options:
             return parse(self.options[name], f"{where}[{name!r}]")
         return None
@@ -310,8 +350,18 @@ def run_attempt(
         return ack_sql, (ack_params() if callable(ack_params) else ack_params)
 
     target = _import(func_path)
-    func = target.func if isinstance(target, Task) else target
+    func = _callable(target.func if isinstance(target, Task) else target)
     return _run(alias, func_path, lambda: func(*args, **kwargs), ack, fence, task_id)
+
+
+def _callable(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func` as a plain call for the attempt's thread: an `async def` task runs to its end
+    in an event loop of its own (`async_to_sync`), and the async ORM calls it awaits
+    (`acreate`, `aget` …, Django's `sync_to_async`) run back on this thread, so on its
+    connection, inside the attempt's atomic block: its ORM work commits with the ack."""
+    if inspect.iscoroutinefunction(func):
+        return async_to_sync(func)
+    return func
 
 
 def _run(
@@ -364,12 +414,9 @@ def attempt(alias: str, item: Any, ack: AckFor, fence: Fence) -> bool:
     returned), committed under `fence`. True if it committed, False if its lease was lost
     (rolled back); the task's error is raised. A task with `takes_context` is handed its
     TaskContext first: its TaskResult as the row says now (RUNNING, this attempt's number)."""
-    call = item.args if isinstance(item.args, dict) else {}
-    args, kwargs = call.get(ARGS, []), call.get(KWARGS, {})
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise BadInputError(f"task {item.id}: its args are not a Django task's call")
+    args, kwargs = _call_of(item.id, item.args)
     target = _import(item.task)
-    func = target.func if isinstance(target, Task) else target
+    func = _callable(target.func if isinstance(target, Task) else target)
     if isinstance(target, Task) and target.takes_context:
         _close_stale(alias)
         context = TaskContext(task_result=backend_for(target, alias).get_result(str(item.id)))
@@ -379,6 +426,37 @@ def attempt(alias: str, item: Any, ack: AckFor, fence: Fence) -> bool:
     except _AckMatchedNoRow:
         return False
     return True
+
+
+def _call_of(task_id: int, payload: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A row's call: `{"args": [...], "kwargs": {...}}` as the backend's enqueue writes it,
+    or keyword arguments alone, as oncely's own enqueue writes them (a schedule kept as
+    data that runs the task)."""
+    if not isinstance(payload, dict):
+        raise BadInputError(f"task {task_id}: its args are not a Django task's call")
+    if set(payload) == {ARGS, KWARGS}:
+        args, kwargs = payload[ARGS], payload[KWARGS]
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise BadInputError(f"task {task_id}: its args are not a Django task's call")
+        return args, kwargs
+    return [], dict(payload)
+
+
+def signature_shim(task: Task) -> Callable[..., Any]:
+    """What oncely registers for a Django task: never called (the worker's `attempt` runs
+    the task), its signature `(db, <the task's parameters>)` as oncely's enqueue checks
+    keyword arguments against (a schedule's `args`, when it is added)."""
+    params = list(inspect.signature(task.func).parameters.values())
+    if task.takes_context:
+        params = params[1:]
+
+    def run_by_the_attempt(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{task.module_path} runs in the worker's attempt, not called here")
+
+    db = inspect.Parameter("db", inspect.Parameter.POSITIONAL_ONLY)
+    run_by_the_attempt.__signature__ = inspect.Signature([db, *params])  # type: ignore[attr-defined]
+    run_by_the_attempt.__name__ = task.func.__name__
+    return run_by_the_attempt
 
 
 def discover() -> dict[str, Task]:
@@ -433,6 +511,7 @@ def _close_stale(alias: str) -> None:
 __all__ = [
     "AttemptGivenUp",
     "LeaseLostError",
+    "OncelyTask",
     "TaskBackend",
     "attempt",
     "backend_for",
