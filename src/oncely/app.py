@@ -44,9 +44,7 @@ from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule
-from .store import Store
-from .store.control import Action
-from .store.views import ERRORS_SHOWN
+from .store import ERRORS_SHOWN, Action, Store
 from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
 from .work import supervisor
 from .work.options import WorkerOptions
@@ -373,7 +371,7 @@ class Oncely:
 
     async def history(self, job: str | None = None, limit: int = 50) -> list[Claim]:
         """Claims newest first: who ran each slot, when, and how long it took."""
-        claims = await self.store.history(job, limit)
+        claims = await self.store.claims.history(job, limit)
         if job is not None and not claims and not job.startswith("@"):  # "@scope": effects
             # Unknown means neither registered nor in the ledger: a database read without the
             # app that wrote it (or a job since removed) still shows its history.
@@ -382,7 +380,7 @@ class Oncely:
 
     async def last_runs(self) -> dict[str, Claim]:
         """The newest claim of each job that has one."""
-        return await self.store.last_claims()
+        return await self.store.claims.last_claims()
 
     async def release(
         self,
@@ -750,7 +748,7 @@ class Oncely:
             slot=at.at,
             now=now,
             catch_up=definition.catch_up,
-            claim=await self.store.get_claim(definition.name, at.key),
+            claim=await self.store.claims.get_claim(definition.name, at.key),
             records=records,
             pauses=await control.job_pauses(definition.name),
             first_seen=await control.first_seen(definition.name),

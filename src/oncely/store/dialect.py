@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -17,13 +17,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.dml import Insert
 
 from .. import clock
-from . import sql, tasks_sql
+from ..errors import DatabaseError, SchemaMissingError
+from . import sql, task_queue_sql
 from .plan import Plan, Step
 
 MISSING_TABLES = (
     "oncely's tables are missing: run `oncely migrate` (or include "
     "oncely.schema.metadata in your migrations)"
 )
+
+
+def raise_translated(dialect: Dialect, exc: Exception) -> NoReturn:
+    """A driver error of a statement oncely sent in the caller's transaction, as an
+    OncelyError (SchemaMissingError for a missing table, else DatabaseError)."""
+    if dialect.is_missing_table(exc):
+        raise SchemaMissingError(MISSING_TABLES) from exc
+    raise DatabaseError(f"claiming failed: {getattr(exc, 'orig', None) or exc}") from exc
 
 
 class ClaimOutcome(enum.Enum):
@@ -167,9 +176,9 @@ class Dialect(abc.ABC):
 
     @functools.cached_property
     def enqueue_statement(self) -> Any:
-        """tasks_sql.enqueue for this database, built once (database time bound if need be)."""
-        run_at, delay = tasks_sql.enqueue_times()
-        return tasks_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
+        """task_queue_sql.enqueue for this database, built once (database time bound if need be)."""
+        run_at, delay = task_queue_sql.enqueue_times()
+        return task_queue_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
 
     def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
         """The statements of `lock_and_claim` once its transaction is open: on a database
@@ -202,7 +211,7 @@ class Dialect(abc.ABC):
         raise NotImplementedError
 
     async def enqueue_on_driver(self, conn: Any, params: list[dict[str, Any]]) -> list[Any]:
-        """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on a bare driver
+        """Insert tasks (the parameter sets of `task_queue_sql.enqueue`) on a bare driver
         connection; the new rows (id, task, idempotency_key, run_at, created_at)."""
         raise NotImplementedError
 
@@ -374,7 +383,7 @@ class Dialect(abc.ABC):
 
     def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
         """One statement and its parameters inserting all these tasks, if the database has a
-        faster way than an executemany of `tasks_sql.enqueue` (None: it has not)."""
+        faster way than an executemany of `task_queue_sql.enqueue` (None: it has not)."""
         return None
 
     def after(self, seconds: float) -> Any:
@@ -412,7 +421,7 @@ class Dialect(abc.ABC):
         """Whether a driver error means another transaction holds the lock we asked for."""
         return False
 
-    # -- a task's own transaction (store/task_store.TaskTransaction) ----------------------
+    # -- a task's own transaction (store/task_queue.TaskTransaction) ----------------------
 
     def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
         """`engine` for statements that are each a transaction of their own (a lease, a

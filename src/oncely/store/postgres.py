@@ -1004,7 +1004,7 @@ def _same(values: list[Any]) -> bool:
 
 
 def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
-    """ENQUEUE's parameters for these parameter sets (those of `tasks_sql.enqueue`)."""
+    """ENQUEUE's parameters for these parameter sets (those of `task_queue_sql.enqueue`)."""
     tasks = [p["p_task"] for p in params]
     queues = [p["p_queue"] for p in params]
     keys = [p["p_key"] for p in params]
@@ -1079,7 +1079,7 @@ def _driver_rows(records: list[Any]) -> list[Any]:
 
 
 async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any]:
-    """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on an asyncpg connection, in
+    """Insert tasks (the parameter sets of `task_queue_sql.enqueue`) on an asyncpg connection, in
     its open transaction if it is in one (else the INSERT commits by itself); the new rows."""
     try:
         if len(params) == 1:

@@ -16,7 +16,7 @@ from ..errors import BadInputError, DatabaseError, UnknownJobError
 from ..explain import explain_slot
 from ..model import Pause, TaskRecord, TaskState
 from ..registry import Job
-from ..store.views import COUNT_CAP, TaskFilter
+from ..store import COUNT_CAP, TaskFilter
 from . import timeline
 from .access import Access
 from .render import Settings, access_of, error, gather, page, pretty

@@ -43,10 +43,7 @@ from ..errors import (
 from ..identity import replica_id
 from ..model import UNRUNNABLE
 from ..retry import DEFAULT_POLICY
-from ..store import Store
-from ..store.session import violation
-from ..store.task_pool import TaskPool
-from ..store.task_store import Fence, Leased, Settle, run_sync_attempt
+from ..store import Fence, Leased, Settle, Store, TaskPool, violation
 from ..tasks import Task, TaskRegistry, encode_result
 from .options import WorkerOptions
 from .outcome import (
@@ -60,6 +57,7 @@ from .outcome import (
     settle,
     traced,
 )
+from .sync_task import run_sync_attempt
 
 logger = logging.getLogger("oncely")
 

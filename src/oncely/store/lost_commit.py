@@ -16,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import sql, tasks_sql
+from . import sql, task_queue_sql
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -121,7 +121,7 @@ async def task_landed(store: Store, task_id: int, xid: int | None = None) -> boo
         landed = await xact_landed(store, xid)
         if landed is not None:
             return landed
-    read, row = await _read_back(store, tasks_sql.get(task_id))
+    read, row = await _read_back(store, task_queue_sql.get(task_id))
     if not read:
         return None
     return row is not None
