@@ -34,8 +34,8 @@ from .session import (
     attempt_xact,
     claimed_here,
     end,
-    hand_back,
     set_attempt_driver,
+    take_over,
 )
 
 RELEASE_BUSY_MS = 500
@@ -154,7 +154,7 @@ class Claims:
             try:
                 yield session
             finally:
-                hand_back(session.sync_session)
+                take_over(session.sync_session)
                 with contextlib.suppress(Exception):
                     await session.close()
                 end(session.sync_session)
@@ -172,7 +172,7 @@ class Claims:
             try:
                 yield session
             finally:
-                hand_back(session.sync_session)
+                take_over(session.sync_session)
                 if session.in_transaction():
                     with contextlib.suppress(Exception):
                         await session.close()
@@ -209,13 +209,13 @@ class Claims:
             if driver is None:
                 await run_async(session, finish_plan(self.dialect, job, key))
                 hooks.before_commit(job, key)
-                hand_back(session.sync_session)
+                take_over(session.sync_session)
                 await session.commit()
                 return
             if session.in_transaction() or session.new or session.dirty or session.deleted:
                 await session.flush()  # the job's pending ORM changes, into the transaction
             hooks.before_commit(job, key)
-            hand_back(session.sync_session)
+            take_over(session.sync_session)
             await self.dialect.commit_attempt(driver, job, key, claimed_here(session, job, key))
 
     async def give_up(
@@ -230,7 +230,7 @@ class Claims:
         row (`record(tries, now)`: the statement, given how many marked attempts the slot had
         and database now) and commit, so no replica slips in between."""
         driver = attempt_driver(session)
-        hand_back(session.sync_session)
+        take_over(session.sync_session)
         session.sync_session.expunge_all()  # the job's pending objects are not to be flushed
         with self.db.translate():
             await run_async(session, fate_plan(self.dialect, job, key, record))
@@ -246,7 +246,7 @@ class Claims:
 
     async def abandon(self, session: AsyncSession) -> None:
         """Roll the attempt back (claim included); a dead connection is already rolled back."""
-        hand_back(session.sync_session)
+        take_over(session.sync_session)
         driver = attempt_driver(session)
         with contextlib.suppress(Exception):
             if driver is None:
@@ -283,12 +283,12 @@ class Claims:
         with self.db.translate():
             run(session, finish_plan(self.dialect, job, key))
             hooks.before_commit(job, key)
-            hand_back(session)
+            take_over(session)
             session.commit()
 
     def abandon_sync(self, session: Session) -> None:
         """Roll a synchronous attempt back (claim included) and close its session."""
-        hand_back(session)
+        take_over(session)
         with contextlib.suppress(Exception):
             session.rollback()
         with contextlib.suppress(Exception):

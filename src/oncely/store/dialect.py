@@ -100,10 +100,8 @@ class ClaimRequest:
         }
 
 
-class Dialect(abc.ABC):
-    """The database-specific half of the store."""
-
-    name: str
+class EngineSettings(abc.ABC):
+    """How oncely's engines and connections are set up on this database."""
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for `create_async_engine` when oncely builds the engine."""
@@ -143,6 +141,58 @@ class Dialect(abc.ABC):
         (Postgres has no database-wide write lock: none)."""
         return {}
 
+    def owns_connection(self, conn: object) -> bool:
+        """Whether `conn` is a bare connection of this database's own driver (asyncpg), which
+        `claim_on_driver` and `enqueue_on_driver` take."""
+        return False
+
+    async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
+        """The driver connection under a caller's session (`bind`: what it runs on, an engine
+        or the session's AsyncConnection), inside the session's own transaction, begun as
+        SQLAlchemy begins it (or, for a session in autocommit mode, outside any); None: run
+        oncely's statements through the session.
+        Statements sent on it take the `*_on_driver` methods above."""
+        return None
+
+    def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
+        """An engine on which oncely runs an attempt's transaction on the driver itself, or
+        None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
+        return None
+
+    def foreign_driver(self, dbapi_connection: object) -> str:
+        """SQLAlchemy's name for the driver of a DB-API connection oncely does not own."""
+        raise NotImplementedError
+
+    def foreign_cursor(self, cursor: Any) -> Any:
+        """A cursor of a borrowed connection, made to return values as SQLAlchemy expects
+        them from this driver (its owner may have changed the connection's conversions)."""
+        return cursor
+
+    def record_options(self) -> dict[str, Any]:
+        """Execution options for the short writes of attempt records (Postgres: autocommit,
+        one round trip each, no transaction of their own)."""
+        return {}
+
+    def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
+        """`engine` for statements that are each a transaction of their own (a lease, a
+        heartbeat): one round trip each where the driver allows, no BEGIN or COMMIT."""
+        return engine
+
+    def task_engine(self, engine: AsyncEngine) -> AsyncEngine:
+        """The engine whose connections a worker lends to tasks' transactions (see
+        `begin_task`), made once from an engine of the worker's own."""
+        return engine
+
+    def task_options(self, *, eager: bool) -> dict[str, Any]:
+        """Execution options for a task's connection; `eager`: take the write lock at the
+        transaction's first statement (SQLite, after a conflict), not at its first write."""
+        return {}
+
+
+class SqlFragments(abc.ABC):
+    """The pieces of SQL that differ between databases: database time, the claim's and the
+    enqueue's statements, limits' locks, the DDL of the later migrations."""
+
     @abc.abstractmethod
     def insert(self) -> Any:
         """The dialect's `insert` construct, which knows ON CONFLICT DO NOTHING."""
@@ -180,62 +230,6 @@ class Dialect(abc.ABC):
         run_at, delay = task_queue_sql.enqueue_times()
         return task_queue_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
 
-    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
-        """The statements of `lock_and_claim` once its transaction is open: on a database
-        whose write lock is the slot's lock (SQLite) the claim alone."""
-        params = {**request.claim_params(), **self.now_params()}
-        row = (yield self.claim_statement, params).first()
-        if row is None:
-            return ClaimOutcome.TAKEN
-        return (yield from checked_plan(request.job, request.key, self.now()))
-
-    @abc.abstractmethod
-    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
-        """In the session's new transaction: take the slot's lock without waiting, then claim;
-        once claimed, refuse a slot an earlier attempt gave up (or whose retry is not due),
-        else take the savepoint that a failed attempt rolls back to (`sql.SAVEPOINT`).
-
-        With `request.exclusive`, also take the job's lock without waiting: while one slot of
-        the job runs anywhere, another slot's attempt answers OVERLAP (`overlap="skip"`).
-        """
-
-    # -- a caller's bare driver connection (no SQLAlchemy in between) ----------------------
-
-    def owns_connection(self, conn: object) -> bool:
-        """Whether `conn` is a bare connection of this database's own driver (asyncpg), which
-        `claim_on_driver` and `enqueue_on_driver` take."""
-        return False
-
-    async def claim_on_driver(self, conn: Any, job: str, key: str, claimed_by: str) -> bool:
-        """`claims.claim_run` on a bare driver connection, in the caller's open transaction."""
-        raise NotImplementedError
-
-    async def enqueue_on_driver(self, conn: Any, params: list[dict[str, Any]]) -> list[Any]:
-        """Insert tasks (the parameter sets of `task_queue_sql.enqueue`) on a bare driver
-        connection; the new rows (id, task, idempotency_key, run_at, created_at)."""
-        raise NotImplementedError
-
-    async def rows_on_driver(
-        self, conn: AsyncConnection, stmt: Any, params: dict[str, Any]
-    ) -> list[Any] | None:
-        """The rows of `stmt` (a statement a worker repeats, built once) sent with `params` on
-        the driver of `conn`, an autocommit connection, without SQLAlchemy's statement
-        machinery; None where it cannot go that way (SQLAlchemy sends it then)."""
-        return None
-
-    async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
-        """The retained rows of `task` with these idempotency keys, on a bare driver
-        connection."""
-        raise NotImplementedError
-
-    async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
-        """The driver connection under a caller's session (`bind`: what it runs on, an engine
-        or the session's AsyncConnection), inside the session's own transaction, begun as
-        SQLAlchemy begins it (or, for a session in autocommit mode, outside any); None: run
-        oncely's statements through the session.
-        Statements sent on it take the `*_on_driver` methods above."""
-        return None
-
     def tasks_ddl(self) -> Sequence[str]:
         """Statements that follow the creation of oncely_tasks (Postgres: its NOTIFY trigger)."""
         return ()
@@ -249,127 +243,10 @@ class Dialect(abc.ABC):
         connection (see `ack_and_commit`)."""
         return ()
 
-    def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
-        """An engine on which oncely runs an attempt's transaction on the driver itself, or
-        None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
-        return None
-
-    async def begin_attempt(self, conn: AsyncConnection) -> Any:
-        """Begin an attempt's transaction on the connection's driver; the driver connection."""
-        raise NotImplementedError
-
-    async def commit_attempt(self, driver: Any, job: str, key: str, claimed: bool) -> None:
-        """Stamp (job, key) finished and commit; `claimed`: this attempt's lock_and_claim
-        claimed exactly that key (the statement may then ride with the COMMIT)."""
-        raise NotImplementedError
-
-    async def rollback_attempt(self, driver: Any) -> None:
-        """Roll back the attempt's transaction if it is still open."""
-        raise NotImplementedError
-
-    async def reusable(self, conn: AsyncConnection, idle_s: float) -> bool:
-        """Whether an attempt's connection, idle `idle_s` seconds since its transaction ended,
-        can run the next attempt as it is (see `held`); False: give it back to the pool."""
-        return False
-
-    def is_driver_error(self, exc: BaseException) -> bool:
-        """Whether an exception is the driver's own (raised by statements sent on it)."""
-        return False
-
     def migration_lock(self) -> Step | None:
         """The statement that serializes concurrent `migrate` calls (several replicas
         starting at once), in the migration's transaction; None: its BEGIN already does."""
         return None
-
-    # -- a connection oncely borrows (Django's), inside its owner's transaction ------------
-
-    def foreign_driver(self, dbapi_connection: object) -> str:
-        """SQLAlchemy's name for the driver of a DB-API connection oncely does not own."""
-        raise NotImplementedError
-
-    def foreign_cursor(self, cursor: Any) -> Any:
-        """A cursor of a borrowed connection, made to return values as SQLAlchemy expects
-        them from this driver (its owner may have changed the connection's conversions)."""
-        return cursor
-
-    @abc.abstractmethod
-    def is_missing_table(self, exc: BaseException) -> bool:
-        """Whether a driver error means one of oncely's tables does not exist."""
-
-    def is_unavailable(self, exc: BaseException) -> bool:
-        """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
-        return False
-
-    async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
-        """In the connection's open write transaction, take the slot's lock without waiting
-        (as an attempt does); False if an attempt at it is running right now."""
-        return True
-
-    def record_options(self) -> dict[str, Any]:
-        """Execution options for the short writes of attempt records (Postgres: autocommit,
-        one round trip each, no transaction of their own)."""
-        return {}
-
-    slot_locks = False
-    """Whether `slot_held` sees a running attempt's lock (Postgres' advisory locks); else a
-    running attempt is known by its record alone."""
-
-    async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
-        """Whether an attempt holds the slot's lock right now, read without taking it (a
-        probe that took it would make a concurrent attempt at the slot answer busy)."""
-        return False
-
-    async def xact_id(self, conn: Any) -> int | None:
-        """The id of the transaction open on `conn` (an AsyncConnection or AsyncSession), by
-        which a lost COMMIT's fate can be asked (`xact_status`); None where there is none."""
-        return None
-
-    async def xact_status(self, conn: AsyncConnection, xid: int) -> str | None:
-        """What became of transaction `xid`: "committed", "aborted", "in progress", or None
-        (unknown, or a database that cannot tell)."""
-        return None
-
-    async def job_held(self, conn: AsyncConnection, job: str) -> bool:
-        """Whether an exclusive attempt (`overlap="skip"`) of the job holds the job's lock
-        right now, read without taking it."""
-        return False
-
-    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
-        """In the open transaction: wake the process running this attempt once it commits
-        (a cancel request); without notifications it finds the request by polling."""
-        return None
-
-    async def notify_workers(self, conn: AsyncConnection, payload: str) -> None:
-        """Send `payload` to every listening worker, as a notification's key (a worker's
-        word that notifications are answered: see TaskWorker.notify)."""
-        return None
-
-    async def notify_tasks(self, conn: AsyncConnection) -> None:
-        """Wake the idle workers (once `conn`'s transaction commits): tasks became available
-        otherwise than by an INSERT (whose trigger wakes them), e.g. handed back or retried."""
-        return None
-
-    def cancel_listener(
-        self, engine: AsyncEngine, on_notify: Callable[[int], None]
-    ) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Call `on_notify(attempt_id)` for each cancel request, while the context is open;
-        yields whether notifications work (else the runner polls alone)."""
-        return contextlib.nullcontext(False)
-
-    def is_read_only(self, exc: BaseException) -> bool:
-        """Whether a driver error means the database refuses every write (not an outage)."""
-        return False
-
-    def is_schema_problem(self, exc: BaseException) -> bool:
-        """Whether a driver error means oncely's tables lack a column or table it uses."""
-        return False
-
-    async def probe_writes(self, conn: AsyncConnection) -> None:
-        """Raise the driver's error if the database refuses writes; change nothing."""
-        return None
-
-    notifies = False
-    """Whether the database can wake a listener when tasks are enqueued (`listener`)."""
 
     database_clock = False
     """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
@@ -400,6 +277,79 @@ class Dialect(abc.ABC):
         """An SQL expression: the whole minutes since the Unix epoch of a stored instant (what
         the dashboard's per-minute counts group by)."""
 
+    def among(self, column: Any, ids: sa.Select[Any]) -> Any:
+        """`column IN (ids)` for a lease's last step: the rows of the ids a lease chose,
+        each found by its key."""
+        return column.in_(ids)
+
+    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
+        """Inside a lease: true if this transaction holds (or now took, without waiting) the
+        lock of one limit group (`kind` "c" or "r", the task, the group's key). Without
+        concurrent leases (SQLite's single writer) there is nothing to take."""
+        return sa.true()
+
+
+class ErrorChecks(abc.ABC):
+    """What a driver error means on this database (a busy lock, a missing table, an outage …)."""
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """Whether an exception is the driver's own (raised by statements sent on it)."""
+        return False
+
+    @abc.abstractmethod
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether a driver error means one of oncely's tables does not exist."""
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
+        return False
+
+    def is_read_only(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database refuses every write (not an outage)."""
+        return False
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        """Whether a driver error means oncely's tables lack a column or table it uses."""
+        return False
+
+    def is_busy(self, exc: BaseException) -> bool:
+        """Whether a driver error means another transaction holds the lock we asked for."""
+        return False
+
+    def is_conflict(self, exc: BaseException) -> bool:
+        """Whether an error a task's transaction met is a conflict with another writer that
+        running the attempt again resolves (SQLite's write lock), not the task's failing."""
+        return False
+
+
+class Notifications:
+    """Wake-ups between processes (Postgres NOTIFY/LISTEN; SQLite has none)."""
+
+    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
+        """In the open transaction: wake the process running this attempt once it commits
+        (a cancel request); without notifications it finds the request by polling."""
+        return None
+
+    async def notify_workers(self, conn: AsyncConnection, payload: str) -> None:
+        """Send `payload` to every listening worker, as a notification's key (a worker's
+        word that notifications are answered: see TaskWorker.notify)."""
+        return None
+
+    async def notify_tasks(self, conn: AsyncConnection) -> None:
+        """Wake the idle workers (once `conn`'s transaction commits): tasks became available
+        otherwise than by an INSERT (whose trigger wakes them), e.g. handed back or retried."""
+        return None
+
+    def cancel_listener(
+        self, engine: AsyncEngine, on_notify: Callable[[int], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify(attempt_id)` for each cancel request, while the context is open;
+        yields whether notifications work (else the runner polls alone)."""
+        return contextlib.nullcontext(False)
+
+    notifies = False
+    """Whether the database can wake a listener when tasks are enqueued (`listener`)."""
+
     def listener(
         self,
         engine: AsyncEngine,
@@ -417,26 +367,103 @@ class Dialect(abc.ABC):
         """
         return contextlib.nullcontext(False)
 
-    def is_busy(self, exc: BaseException) -> bool:
-        """Whether a driver error means another transaction holds the lock we asked for."""
+
+class ConnectionStatements(SqlFragments):
+    """Statements run on a connection (or on the driver itself, the fast paths), built from
+    the fragments: the slot's lock and claim, an attempt's and a task's transaction, locks
+    held, transaction ids."""
+
+    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
+        """The statements of `lock_and_claim` once its transaction is open: on a database
+        whose write lock is the slot's lock (SQLite) the claim alone."""
+        params = {**request.claim_params(), **self.now_params()}
+        row = (yield self.claim_statement, params).first()
+        if row is None:
+            return ClaimOutcome.TAKEN
+        return (yield from checked_plan(request.job, request.key, self.now()))
+
+    @abc.abstractmethod
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+        """In the session's new transaction: take the slot's lock without waiting, then claim;
+        once claimed, refuse a slot an earlier attempt gave up (or whose retry is not due),
+        else take the savepoint that a failed attempt rolls back to (`sql.SAVEPOINT`).
+
+        With `request.exclusive`, also take the job's lock without waiting: while one slot of
+        the job runs anywhere, another slot's attempt answers OVERLAP (`overlap="skip"`).
+        """
+
+    async def claim_on_driver(self, conn: Any, job: str, key: str, claimed_by: str) -> bool:
+        """`claims.claim_run` on a bare driver connection, in the caller's open transaction."""
+        raise NotImplementedError
+
+    async def enqueue_on_driver(self, conn: Any, params: list[dict[str, Any]]) -> list[Any]:
+        """Insert tasks (the parameter sets of `task_queue_sql.enqueue`) on a bare driver
+        connection; the new rows (id, task, idempotency_key, run_at, created_at)."""
+        raise NotImplementedError
+
+    async def rows_on_driver(
+        self, conn: AsyncConnection, stmt: Any, params: dict[str, Any]
+    ) -> list[Any] | None:
+        """The rows of `stmt` (a statement a worker repeats, built once) sent with `params` on
+        the driver of `conn`, an autocommit connection, without SQLAlchemy's statement
+        machinery; None where it cannot go that way (SQLAlchemy sends it then)."""
+        return None
+
+    async def tasks_by_keys_on_driver(self, conn: Any, task: str, keys: list[str]) -> list[Any]:
+        """The retained rows of `task` with these idempotency keys, on a bare driver
+        connection."""
+        raise NotImplementedError
+
+    async def begin_attempt(self, conn: AsyncConnection) -> Any:
+        """Begin an attempt's transaction on the connection's driver; the driver connection."""
+        raise NotImplementedError
+
+    async def commit_attempt(self, driver: Any, job: str, key: str, claimed: bool) -> None:
+        """Stamp (job, key) finished and commit; `claimed`: this attempt's lock_and_claim
+        claimed exactly that key (the statement may then ride with the COMMIT)."""
+        raise NotImplementedError
+
+    async def rollback_attempt(self, driver: Any) -> None:
+        """Roll back the attempt's transaction if it is still open."""
+        raise NotImplementedError
+
+    async def reusable(self, conn: AsyncConnection, idle_s: float) -> bool:
+        """Whether an attempt's connection, idle `idle_s` seconds since its transaction ended,
+        can run the next attempt as it is (see `held`); False: give it back to the pool."""
         return False
 
-    # -- a task's own transaction (store/task_queue.TaskTransaction) ----------------------
+    async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        """In the connection's open write transaction, take the slot's lock without waiting
+        (as an attempt does); False if an attempt at it is running right now."""
+        return True
 
-    def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
-        """`engine` for statements that are each a transaction of their own (a lease, a
-        heartbeat): one round trip each where the driver allows, no BEGIN or COMMIT."""
-        return engine
+    slot_locks = False
+    """Whether `slot_held` sees a running attempt's lock (Postgres' advisory locks); else a
+    running attempt is known by its record alone."""
 
-    def task_engine(self, engine: AsyncEngine) -> AsyncEngine:
-        """The engine whose connections a worker lends to tasks' transactions (see
-        `begin_task`), made once from an engine of the worker's own."""
-        return engine
+    async def slot_held(self, conn: AsyncConnection, job: str, key: str) -> bool:
+        """Whether an attempt holds the slot's lock right now, read without taking it (a
+        probe that took it would make a concurrent attempt at the slot answer busy)."""
+        return False
 
-    def task_options(self, *, eager: bool) -> dict[str, Any]:
-        """Execution options for a task's connection; `eager`: take the write lock at the
-        transaction's first statement (SQLite, after a conflict), not at its first write."""
-        return {}
+    async def xact_id(self, conn: Any) -> int | None:
+        """The id of the transaction open on `conn` (an AsyncConnection or AsyncSession), by
+        which a lost COMMIT's fate can be asked (`xact_status`); None where there is none."""
+        return None
+
+    async def xact_status(self, conn: AsyncConnection, xid: int) -> str | None:
+        """What became of transaction `xid`: "committed", "aborted", "in progress", or None
+        (unknown, or a database that cannot tell)."""
+        return None
+
+    async def job_held(self, conn: AsyncConnection, job: str) -> bool:
+        """Whether an exclusive attempt (`overlap="skip"`) of the job holds the job's lock
+        right now, read without taking it."""
+        return False
+
+    async def probe_writes(self, conn: AsyncConnection) -> None:
+        """Raise the driver's error if the database refuses writes; change nothing."""
+        return None
 
     async def task_connection_ok(self, conn: AsyncConnection, idle_s: float) -> bool:
         """Whether a task's connection, idle `idle_s` seconds, can serve the next task."""
@@ -469,11 +496,6 @@ class Dialect(abc.ABC):
         """Roll back a task's transaction begun on the driver, if it is still open."""
         raise NotImplementedError
 
-    def is_conflict(self, exc: BaseException) -> bool:
-        """Whether an error a task's transaction met is a conflict with another writer that
-        running the attempt again resolves (SQLite's write lock), not the task's failing."""
-        return False
-
     writes_in_with = False
     """Whether a statement can UPDATE in a WITH and INSERT from it (Postgres): a failed
     attempt's outcome and its history row in one statement, atomic on an autocommit
@@ -483,13 +505,9 @@ class Dialect(abc.ABC):
     """Whether two transactions may lease at once (Postgres), so that one may miss the
     other's lease committed while it ran: a lease of limited tasks then counts again."""
 
-    def among(self, column: Any, ids: sa.Select[Any]) -> Any:
-        """`column IN (ids)` for a lease's last step: the rows of the ids a lease chose,
-        each found by its key."""
-        return column.in_(ids)
 
-    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
-        """Inside a lease: true if this transaction holds (or now took, without waiting) the
-        lock of one limit group (`kind` "c" or "r", the task, the group's key). Without
-        concurrent leases (SQLite's single writer) there is nothing to take."""
-        return sa.true()
+class Dialect(EngineSettings, ErrorChecks, Notifications, ConnectionStatements):
+    """The database-specific half of the store, by concern: its engines' settings, its SQL
+    fragments, its errors, its notifications, and its statements on a connection."""
+
+    name: str

@@ -21,6 +21,7 @@ import asyncpg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, registry
+from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine import Connection
@@ -29,7 +30,7 @@ from sqlalchemy.util import await_only
 
 from ..errors import BadInputError, ConfigError, DatabaseError, SchemaMissingError
 from ..locks import job_lock_key, slot_lock_key
-from . import sql
+from . import sql, task_queue_sql
 from .dialect import (
     MISSING_TABLES,
     ClaimOutcome,
@@ -42,6 +43,52 @@ from .plan import Plan, Step, run_async
 from .session import attempt_driver, mark_claimed
 from .tables import UTCDateTime
 
+_ASYNCPG = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
+"""The dialect the driver's texts are rendered with (compiled once, at import or first use)."""
+
+
+class OnDriver(NamedTuple):
+    """A statement as asyncpg takes it, rendered once from its one definition (SQLAlchemy):
+    its text with positional parameters, their names in order, and the values the statement
+    holds itself (its constants, a NULL)."""
+
+    text: str
+    names: tuple[str, ...]
+    held: dict[str, Any]
+
+    def args(self, values: dict[str, Any]) -> list[Any]:
+        """The positional arguments for these named values (a name not given: the value the
+        statement holds, None for a parameter)."""
+        return [values.get(name, self.held.get(name)) for name in self.names]
+
+
+def on_driver(stmt: Any) -> OnDriver:
+    """`stmt` rendered for asyncpg (see OnDriver)."""
+    compiled = stmt.compile(dialect=_ASYNCPG)
+    held = {k: v for k, v in compiled.construct_params(_check=False).items()}
+    return OnDriver(compiled.string, tuple(compiled.positiontup or ()), held)
+
+
+def simple_query(stmt: Any, params: dict[str, str]) -> str:
+    """`stmt` as text with no parameters (what a simple query, the only kind that carries a
+    COMMIT with it, takes): each named in `params` written as its text there, each value the
+    statement holds written as a literal (a NULL, a number, a string)."""
+    rendered = on_driver(stmt)
+
+    def literal(match: re.Match[str]) -> str:
+        name = rendered.names[int(match.group(1)) - 1]
+        if name in params:
+            return params[name]
+        value = rendered.held.get(name)
+        if value is None:
+            return "NULL"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return "'" + str(value).replace("'", "''") + "'"
+
+    return re.sub(r"\$(\d+)", literal, rendered.text)
+
+
 # The migration lock's two keys ("once", 0). Slot and job locks use the two-key form too,
 # with all 64 bits from a hash (see oncely.locks), so they never meet an application's
 # one-key (bigint) locks.
@@ -51,8 +98,7 @@ _MIGRATION_LOCK = 0
 # Lock and claim in one round trip: each lock CTE runs once (volatile, referenced twice);
 # the job lock is only tried for an exclusive attempt; the insert runs only if the locks
 # were ours; the row says which case we are in.
-LOCK_AND_CLAIM = sa.text(
-    """
+_LOCK_AND_CLAIM = """
     WITH lock AS (
         SELECT pg_try_advisory_xact_lock(:slot_hi, :slot_lo) AS got
     ), job_lock AS (
@@ -68,9 +114,10 @@ LOCK_AND_CLAIM = sa.text(
         RETURNING 1
     )
     SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
-           (SELECT count(*) FROM ins) AS claimed
-    """
-).bindparams(sa.bindparam("scheduled_for", type_=UTCDateTime()))
+           (SELECT count(*) FROM ins) AS claimed"""
+LOCK_AND_CLAIM = sa.text(_LOCK_AND_CLAIM + "\n    ").bindparams(
+    sa.bindparam("scheduled_for", type_=UTCDateTime())
+)
 
 # A pooled connection idle longer than this is pinged before use; a dead one is replaced
 # without the caller seeing an error. SQLAlchemy's pool_pre_ping would ping on every checkout,
@@ -137,27 +184,20 @@ def _on_checkout(after: float, dbapi_connection: Any, record: Any, _proxy: Any) 
 # an attempt (BEGIN; lock-and-claim; finish-and-COMMIT) and no SQLAlchemy statement machinery
 # on oncely's side; the job's session is a plain AsyncSession.
 
-# LOCK_AND_CLAIM, for the driver; it also names the claimed slot in two transaction-local
+# LOCK_AND_CLAIM, for the driver (rendered from its text, with positional parameters in the
+# same order); it also names the claimed slot in two transaction-local
 # settings, so the finish below is a constant string that can travel with the COMMIT.
-DRIVER_LOCK_AND_CLAIM = """
-    WITH lock AS (
-        SELECT pg_try_advisory_xact_lock($1, $2) AS got
-    ), job_lock AS (
-        SELECT CASE WHEN $3::boolean THEN pg_try_advisory_xact_lock($4, $5)
-                    ELSE true END AS got
-    ), ins AS (
-        INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
-        SELECT $6::varchar, $7::varchar, $8::timestamptz, now(), $9::varchar
-        FROM lock, job_lock WHERE lock.got AND job_lock.got
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    )
-    SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
-           (SELECT count(*) FROM ins) AS claimed,
+DRIVER_LOCK_AND_CLAIM_STATEMENT = on_driver(
+    sa.text(
+        _LOCK_AND_CLAIM  # noqa: S608 - oncely's own text: every value is a bound parameter
+        + """,
            CASE WHEN (SELECT count(*) FROM ins) > 0 THEN txid_current() END AS xid,
-           set_config('oncely.job', $6::varchar, true) AS claimed_job,
-           set_config('oncely.key', $7::varchar, true) AS claimed_key
+           set_config('oncely.job', CAST(:job AS varchar), true) AS claimed_job,
+           set_config('oncely.key', CAST(:key AS varchar), true) AS claimed_key
 """
+    )
+)
+DRIVER_LOCK_AND_CLAIM = DRIVER_LOCK_AND_CLAIM_STATEMENT.text
 
 # Stamp the end of the slot claimed above and commit, in one message (one round trip). A
 # failing UPDATE (an aborted transaction) stops the message before its COMMIT.
@@ -186,11 +226,14 @@ DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE jo
 DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
 
 
-# The bare claim on a caller's asyncpg connection (see `claim_on_driver`).
-DRIVER_CLAIM = (
-    "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) "
-    "VALUES ($1, $2, clock_timestamp(), $3) ON CONFLICT DO NOTHING RETURNING 1"
+# The bare claim on a caller's asyncpg connection (see `claim_on_driver`): the claim's one
+# statement (sql.claim_bound, as `PostgresDialect.claim_statement` builds it), for the driver.
+DRIVER_CLAIM_STATEMENT = on_driver(
+    task_queue_sql.with_constants_inline(
+        sql.claim_bound(postgresql.insert, sa.func.clock_timestamp())
+    )
 )
+DRIVER_CLAIM = DRIVER_CLAIM_STATEMENT.text
 
 
 async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> bool:
@@ -206,7 +249,8 @@ async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> boo
             "commits with your work or not at all"
         )
     try:
-        return await conn.fetchval(DRIVER_CLAIM, job, key, claimed_by) is not None
+        values = {"job": job, "key": key, "claimed_by": claimed_by}
+        return await conn.fetchval(DRIVER_CLAIM, *DRIVER_CLAIM_STATEMENT.args(values)) is not None
     except asyncpg.UndefinedTableError as exc:
         raise SchemaMissingError(MISSING_TABLES) from exc
     except asyncpg.PostgresError as exc:
@@ -221,12 +265,13 @@ async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> boo
 # lease makes the ack's count zero, the division fails, and the message stops before COMMIT.
 
 TASK_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO on"
-TASK_ACK_AND_COMMIT = (
-    "WITH acked AS (UPDATE oncely_tasks SET state = 'succeeded', "
-    "finished_at = clock_timestamp(), lease_expires_at = NULL "
-    "WHERE id = {id:d} AND lease_token = '{token}' AND state = 'running' "
-    "AND (concurrency IS NULL OR lease_expires_at > clock_timestamp()) RETURNING 1) "
-    "SELECT 1 / count(*) FROM acked; COMMIT"
+_ACK_ONE = task_queue_sql.ack_one(sa.func.clock_timestamp())
+TASK_ACK_AND_COMMIT = (  # the id and token go in by `_task_ack_sql`, validated
+    "WITH acked AS ("  # noqa: S608 - rendered from the ack's statement, no value in it
+    + simple_query(
+        _ACK_ONE.returning(sa.literal_column("1")), {"p_id": "{id:d}", "p_token": "'{token}'"}
+    )
+    + ") SELECT 1 / count(*) FROM acked; COMMIT"
 )
 # Schema 13: the same ack as a function, so that the server plans its UPDATE once per
 # connection (plpgsql keeps the plan) instead of at every task: the UPDATE's planning, with the
@@ -237,10 +282,9 @@ TASK_ACK_FUNCTION_DDL = (
     """
     CREATE OR REPLACE FUNCTION oncely_task_ack(p_id bigint, p_token varchar) RETURNS void AS $$
     BEGIN
-        UPDATE oncely_tasks SET state = 'succeeded', finished_at = clock_timestamp(),
-            lease_expires_at = NULL
-        WHERE id = p_id AND lease_token = p_token AND state = 'running'
-            AND (concurrency IS NULL OR lease_expires_at > clock_timestamp());
+        """
+    + simple_query(_ACK_ONE, {"p_id": "p_id", "p_token": "p_token"})
+    + """;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'the task''s lease was lost' USING ERRCODE = 'no_data_found';
         END IF;
@@ -249,7 +293,7 @@ TASK_ACK_FUNCTION_DDL = (
     """,
 )
 TASK_ACK_CALL_AND_COMMIT = "SELECT oncely_task_ack({id:d}, '{token}'); COMMIT"
-# The two values above are written into the message, not bound: a simple query (the only kind
+# The values above are written into the message, not bound: a simple query (the only kind
 # that carries a COMMIT with it) takes no parameters. Both are oncely's own: the task's id (an
 # int) and the worker's lease token, which must match this pattern (see TaskWorker.token).
 _TOKEN = re.compile(r"[0-9a-f]{1,32}\.[0-9]{1,20}")
@@ -417,17 +461,16 @@ class PostgresDialect(Dialect):
         job, key = request.job, request.key
         slot_hi, slot_lo = slot_lock_key(job, key)
         job_hi, job_lo = job_lock_key(job)
+        values = {
+            "slot_hi": slot_hi,
+            "slot_lo": slot_lo,
+            "exclusive": request.exclusive,
+            "job_hi": job_hi,
+            "job_lo": job_lo,
+            **request.claim_params(),
+        }
         row = await driver.fetchrow(
-            DRIVER_LOCK_AND_CLAIM,
-            slot_hi,
-            slot_lo,
-            request.exclusive,
-            job_hi,
-            job_lo,
-            job,
-            key,
-            request.scheduled_for,
-            request.claimed_by,
+            DRIVER_LOCK_AND_CLAIM, *DRIVER_LOCK_AND_CLAIM_STATEMENT.args(values)
         )
         if row["claimed"]:
             mark_claimed(session, job, key, row["xid"])
@@ -1037,19 +1080,16 @@ def _array(params: list[dict[str, Any]], name: str) -> list[Any] | None:
 
 # -- enqueue on a caller's asyncpg connection -----------------------------------------------
 # The rows ENQUEUE inserts, from one prepared statement on the driver: no SQLAlchemy between an
-# application that speaks asyncpg and its INSERT. One task: VALUES; many: DRIVER_ENQUEUE_MANY.
+# application that speaks asyncpg and its INSERT. One task: the enqueue's one statement
+# (task_queue_sql.enqueue, as PostgresDialect builds it) rendered for the driver; many:
+# DRIVER_ENQUEUE_MANY.
 
-DRIVER_ENQUEUE_ONE = """
-    INSERT INTO oncely_tasks
-        (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
-         priority, concurrency_key, concurrency, rate_key, rate, rate_period, trace_context)
-    VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
-            coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
-            clock_timestamp(), $4::varchar, coalesce($7::int4, 0), $8::varchar, $9::int4,
-            $10::varchar, $11::int4, $12::float8, $13::text)
-    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, task, idempotency_key, run_at, created_at
-"""
+
+@functools.cache
+def driver_enqueue_one() -> OnDriver:
+    """The one-task INSERT on the driver, rendered at its first use."""
+    return on_driver(task_queue_sql.with_constants_inline(PostgresDialect().enqueue_statement))
+
 
 # The retained tasks of one task name with these idempotency keys (the duplicates' records).
 DRIVER_TASKS_BY_KEYS = """
@@ -1083,18 +1123,9 @@ async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any
     its open transaction if it is in one (else the INSERT commits by itself); the new rows."""
     try:
         if len(params) == 1:
-            p = params[0]
-            record = await conn.fetchrow(
-                DRIVER_ENQUEUE_ONE,
-                p["p_task"],
-                p["p_queue"],
-                json.dumps(p["p_args"]),
-                p["p_key"],
-                p["p_run_at"],
-                p["p_delay"],
-                *(p.get(name) for name in _ENQUEUE_LIMITS.values()),
-                p.get("p_trace"),
-            )
+            p, one = params[0], driver_enqueue_one()
+            values = {**p, "p_args": json.dumps(p["p_args"])}
+            record = await conn.fetchrow(one.text, *one.args(values))
             return [Enqueued._make(record)] if record is not None else []
         many = enqueue_many_params(params)
         records = await conn.fetch(DRIVER_ENQUEUE_MANY, *(many[k] for k in _ENQUEUE_ORDER))

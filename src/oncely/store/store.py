@@ -30,6 +30,13 @@ class Store(Database):
     and the areas that run their statements on it. Each area is handed the core and typed
     against it (`Database`), so that none reaches another area through the store."""
 
+    def __init__(self, engine: AsyncEngine, *, owns_engine: bool) -> None:
+        super().__init__(engine, owns_engine=owns_engine)
+        # Built with the store, not at first use: on asyncpg it sets the engine's pool up
+        # for attempts run on the driver (a connection checked in mid-transaction is closed).
+        self.claims = Claims(self)
+        """A slot's attempt, its claim and its end; the ledger of claims; releases."""
+
     @classmethod
     def from_url(cls, url: str) -> Store:
         """Build the engine for a URL (Postgres via asyncpg, SQLite via aiosqlite)."""
@@ -38,11 +45,6 @@ class Store(Database):
         engine = create_async_engine(full, **dialect.engine_options())
         dialect.configure_engine(engine)
         return cls(engine, owns_engine=True)
-
-    @functools.cached_property
-    def claims(self) -> Claims:
-        """A slot's attempt, its claim and its end; the ledger of claims; releases."""
-        return Claims(self)
 
     @functools.cached_property
     def tasks(self) -> task_queue.TaskStore:
@@ -61,8 +63,7 @@ class Store(Database):
 
     async def dispose(self) -> None:
         """Close the attempts' kept connections, then the core's engines."""
-        if "claims" in self.__dict__:
-            await self.claims.close()
+        await self.claims.close()
         await super().dispose()
 
     async def clear(self) -> int:

@@ -36,7 +36,7 @@ from .dialect import Dialect, raise_translated
 from .dialects import dialect_for, driver_dialect
 from .plan import Plan, Step, run, run_async
 from .rows import record
-from .session import AttemptSession, end, hand_back, violation
+from .session import AttemptSession, end, take_over, violation
 from .task_connections import TaskPool
 
 
@@ -337,7 +337,7 @@ class TaskTransaction:
             await session.flush()  # the task's own work: an error here is the task's
         if not self.touched:
             return None
-        hand_back(sync)
+        take_over(sync)
         item = self.item
         with self.tasks.db.translate():
             if self._driver is not None and result is None:
@@ -366,7 +366,7 @@ class TaskTransaction:
     async def close(self) -> None:
         """Roll back what did not commit and give the connection back to the pool."""
         sync = self.session.sync_session
-        hand_back(sync)
+        take_over(sync)
         handed = False
         try:
             if self._next_begun and self._conn is not None:
@@ -703,7 +703,7 @@ class TaskStore:
             raise JobTransactionError(f"the task called {what}() on oncely's session")
         if not touched:
             return None
-        hand_back(session)
+        take_over(session)
         with self.db.translate(), fence.lock:
             if fence.closed:
                 session.rollback()
@@ -717,7 +717,7 @@ class TaskStore:
 
     def close_sync(self, session: Session) -> None:
         """Close a plain `def` task's session (its transaction rolled back if still open)."""
-        hand_back(session)
+        take_over(session)
         with contextlib.suppress(Exception):
             session.close()
         end(session)
