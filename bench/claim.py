@@ -56,7 +56,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 import oncely
-import oncely.store.postgres as pg
+import oncely.store.postgres_statements as pg
 from oncely import Oncely, every
 from oncely.locks import job_lock_key, slot_lock_key
 

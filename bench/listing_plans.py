@@ -50,7 +50,7 @@ def statements(src: Path) -> dict[str, str]:
     sys.path.insert(0, str(src))
     try:
         sql = importlib.import_module("oncely.store.sql")
-        tasks_sql = importlib.import_module("oncely.store.tasks_sql")
+        tasks_sql = importlib.import_module("oncely.store.task_queue_sql")
         built = {
             "`oncely history job_7 --limit 50`": sql.history("job_7", 50),
             "`oncely list`'s last runs": sql.last_claims(),

@@ -17,7 +17,7 @@ interleaved round by round so that a noisy neighbour slows both sides of a ratio
   tasks dead ms         list_tasks(state=dead, limit=50): `oncely tasks --state dead --limit 50`
   tasks succeeded ms    the same for succeeded tasks
   last runs ms          app.last_runs(): the newest claim of each job (`oncely list`)
-  newest slots ms       store.last_slots(): what a starting worker's catch-up reads
+  newest slots ms       store.claims.last_slots(): what a starting worker's catch-up reads
 
 and last, `prune --older-than 30d` (queue.prune) while a worker drains one-row tasks that a
 producer keeps enqueuing: how long it takes, what it deleted, the longest transaction of its
@@ -294,7 +294,7 @@ def listings(side: Side) -> dict[str, Callable[[], Awaitable[Any]]]:
             app, TaskState.SUCCEEDED, None, 50
         ),
         "`oncely list`'s last runs (`app.last_runs`)": app.last_runs,
-        "a starting worker's newest slots (`store.last_slots`)": app.store.last_slots,
+        "a starting worker's newest slots (`store.claims.last_slots`)": app.store.claims.last_slots,
     }
 
 

@@ -49,9 +49,7 @@ from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule
 from .schedules import Schedules, job_for, schedule_name
-from .store import Store
-from .store.control import Action
-from .store.views import ERRORS_SHOWN
+from .store import ERRORS_SHOWN, Action, Store
 from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
 from .work import supervisor
 from .work.options import WorkerOptions
@@ -439,7 +437,7 @@ class Oncely:
         as data may be named bare: its slots are claimed under `schedule:<name>`)."""
         if job is not None and not job.startswith("@"):
             job = await self.resolve(job)
-        claims = await self.store.history(job, limit)
+        claims = await self.store.claims.history(job, limit)
         if job is not None and not claims and not job.startswith("@"):  # "@scope": effects
             # Unknown means neither registered nor in the ledger: a database read without the
             # app that wrote it (or a job since removed) still shows its history.
@@ -448,7 +446,7 @@ class Oncely:
 
     async def last_runs(self) -> dict[str, Claim]:
         """The newest claim of each job that has one."""
-        return await self.store.last_claims()
+        return await self.store.claims.last_claims()
 
     async def release(
         self,
@@ -834,7 +832,7 @@ class Oncely:
             slot=at.at,
             now=now,
             catch_up=definition.catch_up,
-            claim=await self.store.get_claim(definition.name, at.key),
+            claim=await self.store.claims.get_claim(definition.name, at.key),
             records=records,
             pauses=await control.job_pauses(definition.name),
             first_seen=await control.first_seen(definition.name),

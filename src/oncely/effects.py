@@ -139,15 +139,15 @@ class Effect(_EffectBase):
         store = self.store
         await store.ensure_schema()
         self._stack = contextlib.AsyncExitStack()
-        session = await self._stack.enter_async_context(store.attempt())
+        session = await self._stack.enter_async_context(store.claims.attempt())
         self._session = None
         try:
-            claimed = await store.claim_effect(session, self.job, self.key, replica_id())
-            claim = None if claimed else await store.claim_in(session, self.job, self.key)
+            claimed = await store.claims.claim_effect(session, self.job, self.key, replica_id())
+            claim = None if claimed else await store.claims.claim_in(session, self.job, self.key)
             self._session = session if claimed else None
         finally:
             if self._session is None:  # a duplicate, or the claim failed
-                await store.abandon(session)
+                await store.claims.abandon(session)
                 await self._stack.aclose()
         if self._session is None:
             self._end(not_claimed(RunStatus.SKIPPED, claim))
@@ -162,7 +162,7 @@ class Effect(_EffectBase):
             if outcome is None:
                 outcome = await commit(self.store, session, self.job, self.key, catch=BaseException)
             else:
-                await self.store.abandon(session)
+                await self.store.claims.abandon(session)
             self._ended(outcome)
         finally:
             await self._stack.aclose()
@@ -183,12 +183,12 @@ class SyncEffect(_EffectBase):
         session = store.sync_sessions()
         self._session = None
         try:
-            claimed = store.claim_effect_sync(session, self.job, self.key, replica_id())
-            claim = None if claimed else store.claim_in_sync(session, self.job, self.key)
+            claimed = store.claims.claim_effect_sync(session, self.job, self.key, replica_id())
+            claim = None if claimed else store.claims.claim_in_sync(session, self.job, self.key)
             self._session = session if claimed else None
         finally:
             if self._session is None:  # a duplicate, or the claim failed
-                store.abandon_sync(session)
+                store.claims.abandon_sync(session)
         if self._session is None:
             self._end(not_claimed(RunStatus.SKIPPED, claim))
         return self._session
@@ -201,13 +201,13 @@ class SyncEffect(_EffectBase):
             outcome = after_call(session, exc, "the effect's body")
             if outcome is None:
                 try:
-                    self.store.finish_sync(session, self.job, self.key)
+                    self.store.claims.finish_sync(session, self.job, self.key)
                     outcome = RAN
                 except BaseException as commit_error:
                     outcome = Outcome(RunStatus.FAILED, Stage.COMMIT, error=commit_error)
             self._ended(outcome)
         finally:
-            self.store.abandon_sync(session)
+            self.store.claims.abandon_sync(session)
 
 
 def _call_signature(func: Callable[..., Any]) -> inspect.Signature:

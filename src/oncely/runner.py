@@ -29,8 +29,7 @@ from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, Onc
 from .model import Claim, Pause, RunResult, RunStatus
 from .registry import Job
 from .retry import Retry
-from .store import ClaimOutcome, ClaimRequest, Store, violation
-from .store.outcome import claim_landed
+from .store import ClaimOutcome, ClaimRequest, Store, claim_landed, violation
 
 
 class Stage(enum.Enum):
@@ -117,9 +116,9 @@ async def commit(
 ) -> Outcome:
     """Commit the attempt's work with its claim: RAN, or FAILED (rolled back) on a `catch`."""
     try:
-        await store.finish(session, job, key)
+        await store.claims.finish(session, job, key)
     except catch as exc:
-        await store.abandon(session)
+        await store.claims.abandon(session)
         return Outcome(RunStatus.FAILED, Stage.COMMIT, error=exc)
     return RAN
 
@@ -263,13 +262,13 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
 
 
 async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> Outcome | None:
-    answer = await store.lock_and_claim(session, request)
+    answer = await store.claims.lock_and_claim(session, request)
     if answer is ClaimOutcome.CLAIMED:
         return None
     claim = None
     if answer is ClaimOutcome.TAKEN:
-        claim = await store.claim_in(session, request.job, request.key)
-    await store.abandon(session)
+        claim = await store.claims.claim_in(session, request.job, request.key)
+    await store.claims.abandon(session)
     return not_claimed(_NOT_CLAIMED[answer], claim)
 
 
@@ -385,7 +384,7 @@ async def _call(
     except Exception as exc:
         error = exc
     except BaseException:
-        await store.abandon(session)
+        await store.claims.abandon(session)
         raise
     # A job that swallowed the JobTransactionError fails all the same.
     return after_call(session.sync_session, error, "the job")
@@ -399,13 +398,13 @@ async def _record_fate(
     the job's `retry=` policy says. Where that cannot be written (an older schema, a dead
     connection) the attempt is rolled back whole: its slot is free, as after a crash."""
     if not record.recordable_in_transaction:
-        await store.abandon(session)
+        await store.claims.abandon(session)
         return outcome
     write, decided = fate_writer(job, outcome, record.fate)
     try:
-        await store.give_up(session, record.request.job, record.request.key, write)
+        await store.claims.give_up(session, record.request.job, record.request.key, write)
     except Exception:  # rolled back whole: the slot is free, the end recorded outside
-        await store.abandon(session)
+        await store.claims.abandon(session)
         return outcome
     return decided(outcome)
 
@@ -472,7 +471,7 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
     if error is None or not store.is_unavailable(error):
         return outcome
     # Lost during COMMIT, maybe after it landed: the ledger says which.
-    xid = store.attempt_xact(session)
+    xid = store.claims.attempt_xact(session)
     landed = await claim_landed(store, request.job, request.key, request.claimed_by, xid)
     if landed is None:
         return Outcome(RunStatus.UNKNOWN, Stage.READ_BACK, error=error)
@@ -501,7 +500,7 @@ async def attempt_slot(
         return framework
     record = Record(store, request, slot)
     try:
-        async with store.attempt() as session:
+        async with store.claims.attempt() as session:
             outcome = await _claim(store, session, request)
             if outcome is None and check_pause:
                 outcome = await _paused(store, session, job, slot)
@@ -525,7 +524,7 @@ async def _paused(store: Store, session: AsyncSession, job: Job, slot: datetime)
     pause = await store.control.pause_in(session, job.name, slot)
     if pause is None:
         return None
-    await store.abandon(session)  # the claim rolls back: the slot stays free
+    await store.claims.abandon(session)  # the claim rolls back: the slot stays free
     return Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
 
 

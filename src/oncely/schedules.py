@@ -33,11 +33,9 @@ from .model import Claim, RunResult, ScheduleRecord, duration_text
 from .registry import CATCH_UP_CHOICES, OVERLAP_CHOICES, Job, Registry
 from .runner import run_slot
 from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words
-from .store import Store
-from .store.control import Action
-from .store.schedules import LEDGER_PREFIX
-from .store.schedules import advance as advance_statement
-from .store.schedules import ledger_name as _ledger_name
+from .store import LEDGER_PREFIX, Action, Store
+from .store import advance_schedule as advance_statement
+from .store import schedule_ledger_name as _ledger_name
 from .tasks import TaskRegistry, check_json
 
 T = TypeVar("T")

@@ -6,9 +6,9 @@ LISTEN/NOTIFY wake-up); a schema made by Alembic alone works without it, by poll
 
 from __future__ import annotations
 
-from .store.migrations import COMPATIBLE_UP_TO
-from .store.migrations import LATEST as SCHEMA_VERSION
-from .store.tables import metadata, runs, schema_versions, task_starts, tasks
+from .store import COMPATIBLE_UP_TO, metadata, runs, schema_versions, task_starts
+from .store import LATEST as SCHEMA_VERSION
+from .store import tasks_table as tasks
 
 __all__ = [
     "COMPATIBLE_UP_TO",

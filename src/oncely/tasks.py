@@ -34,7 +34,7 @@ from .errors import (
 from .model import TaskRecord
 from .registry import session_first_signature
 from .retry import DEFAULT_POLICY, RetryPolicy
-from .store import Store, task_store
+from .store import Store, enqueue_in, enqueue_in_sync
 
 TaskFunc = Callable[..., Awaitable[Any] | Any]
 AckFor = Callable[[Any], tuple[Any, dict[str, Any]]]
@@ -399,7 +399,7 @@ class Task:
         """
         entry = self.entry(kwargs, idempotency_key, run_at, delay, priority, at)
         with tracing.enqueuing(self.name, self.queue, [entry]) as span:
-            (rec,) = await task_store.enqueue(db, [entry])
+            (rec,) = await enqueue_in(db, [entry])
             _report([rec], span)
         return rec
 
@@ -414,7 +414,7 @@ class Task:
         if not entries:
             return []
         with tracing.enqueuing(self.name, self.queue, entries) as span:
-            records = await task_store.enqueue(db, entries)
+            records = await enqueue_in(db, entries)
             _report(records, span)
         return records
 
@@ -488,7 +488,7 @@ class Task:
         """`enqueue` for a synchronous SQLAlchemy Session (Django, Flask, scripts)."""
         entry = self.entry(kwargs, idempotency_key, run_at, delay, priority, at)
         with tracing.enqueuing(self.name, self.queue, [entry]) as span:
-            (rec,) = task_store.enqueue_sync(session, [entry])
+            (rec,) = enqueue_in_sync(session, [entry])
             _report([rec], span)
         return rec
 

@@ -16,8 +16,7 @@ from datetime import datetime
 
 from .model import Claim
 from .registry import Job
-from .store import Store
-from .store.dialect import ClaimOutcome, ClaimRequest
+from .store import ClaimOutcome, ClaimRequest, Store
 
 POLL = 0.2
 """Seconds between two looks at a busy slot."""
@@ -49,13 +48,13 @@ async def wait_for_holder(
     """Poll a busy slot until its holder commits or rolls back, or `timeout` seconds pass."""
     started = time.monotonic()
     while True:
-        claim = await store.get_claim(job.name, key)
+        claim = await store.claims.get_claim(job.name, key)
         if claim is not None:
             return Waited(Held.RAN, claim, time.monotonic() - started)
-        async with store.attempt() as session:
+        async with store.claims.attempt() as session:
             request = ClaimRequest(job=job.name, key=key, scheduled_for=slot, claimed_by=replica)
-            outcome = await store.lock_and_claim(session, request)
-            await store.abandon(session)  # a probe: never keep the claim
+            outcome = await store.claims.lock_and_claim(session, request)
+            await store.claims.abandon(session)  # a probe: never keep the claim
         if outcome is ClaimOutcome.TAKEN:
             continue  # committed between the read and the probe: read it
         if outcome in _HOLDER_FAILED:  # free, given up, or waiting for its retry

@@ -22,7 +22,7 @@ LISTINGS = [
     "`oncely tasks --state dead --limit 50`",
     "`oncely tasks --state succeeded --limit 50`",
     "`oncely list`'s last runs (`app.last_runs`)",
-    "a starting worker's newest slots (`store.last_slots`)",
+    "a starting worker's newest slots (`store.claims.last_slots`)",
 ]
 PRUNE = ["prune time, s", "finished tasks deleted", "claims deleted", "tasks drained meanwhile"]
 

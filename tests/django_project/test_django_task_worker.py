@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from shop_helpers import count, manage
 
-from oncely.store import dialect_for, tasks_sql
-from oncely.store.task_store import Fence
+from oncely.store import Fence, dialect_for
+from oncely.store import task_queue_sql as tasks_sql
 
 NO_JOBS = "oncely.contrib.django.settings_app:app"
 """The app `manage.py oncely` loads when ONCELY names none: no jobs, so these workers run

@@ -10,7 +10,8 @@ import pytest
 from shop_helpers import count
 
 from oncely import events
-from oncely.store import dialect_for, tasks_sql
+from oncely.store import dialect_for
+from oncely.store import task_queue_sql as tasks_sql
 
 
 def test_a_task_enqueued_in_a_rolled_back_block_does_not_exist(alias: str) -> None:

@@ -370,7 +370,7 @@ import asyncio, sys
 import oncely
 from oncely import every
 from oncely.runner import run_slot
-from oncely.store.task_store import TaskStore
+from oncely.store import TaskStore
 from oncely.work import jobs
 assert "opentelemetry.trace" not in sys.modules
 seen = []

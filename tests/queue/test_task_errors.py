@@ -17,7 +17,7 @@ from oncely import Oncely, RetryPolicy, TaskState
 from oncely.errors import SchemaMissingError
 from oncely.queue import worker
 from oncely.store.migrations import applied_from
-from oncely.store.task_store import Leased, Settle
+from oncely.store.task_queue import Leased, Settle
 from oncely.work.tasks import TaskWorker
 from oncely.work.tasks.outcome import Outcome
 

@@ -18,7 +18,7 @@ from queue_helpers import effects, in_tx  # type: ignore[import-not-found]
 
 from oncely import Oncely, RetryPolicy, TaskState
 from oncely.queue import discard_task, worker
-from oncely.store.task_pool import TaskPool
+from oncely.store import TaskPool
 from oncely.work.tasks import TaskWorker
 
 pytestmark = pytest.mark.postgres

@@ -37,11 +37,11 @@ async def test_each_jobs_newest_slot_and_last_claim(store: Store) -> None:
                 "UPDATE oncely_runs SET scheduled_for = substr(scheduled_for, 1, 19),"
                 " claimed_at = substr(claimed_at, 1, 19)"
             )
-    slots = await store.last_slots()
+    slots = await store.claims.last_slots()
     assert slots["a"] == T0 + timedelta(hours=2) and slots["b"] == T0 + timedelta(hours=5)
     assert "c" not in slots  # no slot, no catch-up floor
     assert len(slots) == 32 and slots["j029"] == T0
-    last = await store.last_claims()
+    last = await store.claims.last_claims()
     assert set(last) == {"a", "b", "c", *(f"j{n:03}" for n in range(30))}
     assert (last["a"].key, last["b"].key, last["c"].key) == ("a0", "b5", "keyed")
     assert last["j017"].claimed_at == T0 + timedelta(minutes=17)

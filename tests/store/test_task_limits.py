@@ -18,7 +18,7 @@ from tests.store.test_task_store import fetch, heartbeat, lease_in, now, row
 
 from oncely.schema import tasks
 from oncely.store import Store
-from oncely.store.task_store import Leased, enqueue
+from oncely.store.task_queue import Leased, enqueue
 
 
 async def put(store: Store, task: str = "t", **limits: Any) -> int:

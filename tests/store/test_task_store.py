@@ -19,9 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from oncely.model import TaskState
 from oncely.schema import tasks
-from oncely.store import Store
-from oncely.store.task_pool import TaskPool
-from oncely.store.task_store import Leased, Settle, enqueue
+from oncely.store import Store, TaskPool
+from oncely.store.task_queue import Leased, Settle, enqueue
 
 LONG = 600.0  # seconds: a lease that does not run out during a test
 BY = "contract-worker"

@@ -179,7 +179,9 @@ async def tally(app: Oncely) -> tuple[dict[str, Tally], int]:
             sa.select(lb.threads.c.scenario, sa.func.count()).group_by(lb.threads.c.scenario)
         ):
             tallies[scenario].threads = int(n)
-    claims = [c for c in await app.store.history("leaderboard_close") if c.key == lb.week_key(SLOT)]
+    claims = [
+        c for c in await app.store.claims.history("leaderboard_close") if c.key == lb.week_key(SLOT)
+    ]
     return tallies, len(claims)
 
 

@@ -19,49 +19,21 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from ..errors import BadInputError, OncelyError, SchemaMissingError, TaskStateError
 from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
-from . import sql, tasks_sql
-from .claims import claim_from_row
-from .dialect import Dialect
-from .task_store import TaskStore, record
+from . import sql, task_queue_sql
+from .database import Database
+from .rows import attempt_from_row, audit_from_row, claim_from_row, record
+from .task_queue import TaskStore
 
 CANCEL_BUSY_MS = 2000
 """How long a cancel waits on SQLite for the write lock (which a running attempt holds)."""
 ERROR_TEXT_MAX = 2000
 """Characters of an error message kept in an attempt record."""
-
-
-class ControlLedger(Protocol):
-    """What the control plane needs of the store it runs on (the Store)."""
-
-    dialect: Dialect
-    engine: AsyncEngine
-
-    def translate(self) -> contextlib.AbstractContextManager[None]: ...
-
-    async def ensure_schema(self) -> None: ...
-
-    async def _read(self, stmt: Any) -> list[Any]: ...
-
-    @property
-    def tasks(self) -> TaskStore: ...
-
-    @property
-    def has_control(self) -> bool: ...
-
-    @property
-    def has_duplicates(self) -> bool: ...
-
-    @property
-    def has_jobs(self) -> bool: ...
-
-    @property
-    def display_url(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -96,41 +68,6 @@ def _pause(row: Any) -> Pause:
     )
 
 
-def _attempt(row: Any, alive: bool = False) -> Attempt:
-    return Attempt(
-        id=row.id,
-        job=row.job,
-        key=row.key,
-        slot=row.slot,
-        outcome=row.outcome,
-        replica=row.replica,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        recorded_at=row.recorded_at,
-        error_class=row.error_class,
-        error=row.error,
-        slot_last=row.slot_last,
-        cancel_requested_at=row.cancel_requested_at,
-        cancel_requested_by=row.cancel_requested_by,
-        alive=alive,
-        final=bool(row.final),
-        retry_at=row.retry_at,
-    )
-
-
-def _audit_entry(row: Any) -> AuditEntry:
-    return AuditEntry(
-        id=row.id,
-        at=row.at,
-        actor=row.actor,
-        action=row.action,
-        job=row.job,
-        target=row.target,
-        reason=row.reason,
-        result=row.result,
-    )
-
-
 def _process_alive(host: str | None, pid: int | None) -> bool:
     """Whether the process that recorded an attempt still runs (known on this host only;
     another host's process is taken to be alive)."""
@@ -150,8 +87,8 @@ class CancelSignals:
     database can notify (Postgres: LISTEN on one connection while any attempt is watched);
     elsewhere (or if LISTEN fails) `listening` is False and attempts poll alone."""
 
-    def __init__(self, store: ControlLedger) -> None:
-        self.store = store
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self.listening = False
         self._events: dict[int, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
@@ -178,7 +115,7 @@ class CancelSignals:
 
     async def _listen(self, ready: asyncio.Event) -> None:
         try:
-            listener = self.store.dialect.cancel_listener(self.store.engine, self._notified)
+            listener = self.db.dialect.cancel_listener(self.db.engine, self._notified)
             async with listener as works:
                 self.listening = works
                 ready.set()
@@ -196,20 +133,21 @@ class CancelSignals:
 class Control:
     """Pauses, attempt records, cancel requests and audited operator actions on one store."""
 
-    def __init__(self, store: ControlLedger) -> None:
-        self.store = store
-        self.dialect = store.dialect
-        self.signals = CancelSignals(store)
+    def __init__(self, db: Database, tasks: TaskStore) -> None:
+        self.db = db
+        self.tasks = tasks
+        self.dialect = db.dialect
+        self.signals = CancelSignals(db)
         self._seen: set[str] = set()
         """Jobs whose first appearance this process has recorded."""
 
     # -- plumbing -----------------------------------------------------------------------
 
     async def _need(self) -> None:
-        await self.store.ensure_schema()
-        if not self.store.has_control:
+        await self.db.ensure_schema()
+        if not self.db.has_control:
             raise SchemaMissingError(
-                f"oncely's tables in {self.store.display_url} predate the control plane "
+                f"oncely's tables in {self.db.display_url} predate the control plane "
                 "(pause, explain, cancel, audit): run `oncely migrate`"
             )
 
@@ -218,8 +156,8 @@ class Control:
         self, busy_ms: int | None = None, *, record: bool = False
     ) -> AsyncIterator[AsyncConnection]:
         """A transaction of its own (`record`: a single write, autocommitted where it can)."""
-        with self.store.translate():
-            async with self.store.engine.connect() as conn:
+        with self.db.translate():
+            async with self.db.engine.connect() as conn:
                 if busy_ms is not None:
                     conn = await conn.execution_options(**self.dialect.busy_options(busy_ms))
                 if record:
@@ -259,7 +197,7 @@ class Control:
     async def start_attempt(self, job: str, key: str, slot: datetime, replica: str) -> int | None:
         """Record that an attempt at a slot runs; its id (None on a database without the
         control plane's tables)."""
-        if not self.store.has_control:
+        if not self.db.has_control:
             return None
         now = self.dialect.now()
         values = {
@@ -294,7 +232,7 @@ class Control:
         started_at: datetime | None,
     ) -> None:
         """Record an attempt whose start was not recorded (it was quick), once it ended."""
-        if not self.store.has_control:
+        if not self.db.has_control:
             return
         now = self.dialect.now()
         values: dict[str, Any] = {
@@ -361,7 +299,7 @@ class Control:
         reason: str | None = None,
     ) -> None:
         """Record a slot a worker did not start (`overlap`, or a `missed` range and why)."""
-        if not self.store.has_control:
+        if not self.db.has_control:
             return
         values = {
             "job": job,
@@ -378,7 +316,7 @@ class Control:
 
     async def duplicate(self, job: str, key: str, slot: datetime, replica: str) -> None:
         """Record a suppressed duplicate attempt (none on a database older than schema 8)."""
-        if not self.store.has_duplicates:
+        if not self.db.has_duplicates:
             return
         values = {
             "job": job,
@@ -392,34 +330,34 @@ class Control:
 
     async def cancel_request(self, attempt_id: int) -> str | None:
         """Who asked this running attempt to stop (None: nobody)."""
-        rows = await self.store._read(sql.cancel_request(attempt_id))
+        rows = await self.db.read(sql.cancel_request(attempt_id))
         return str(rows[0][0]) if rows else None
 
     async def slot_records(self, job: str, key: str, slot: datetime) -> list[Attempt]:
         """Every record of one slot, oldest first; attempts with no outcome say if alive."""
         await self._need()
-        rows = await self.store._read(sql.slot_attempts(job, key, slot))
+        rows = await self.db.read(sql.slot_attempts(job, key, slot))
         found = []
         for row in rows:
             alive = False
             if row.outcome is None and row.started_at is not None:
                 alive = await self._holding(row)
-            found.append(_attempt(row, alive))
+            found.append(attempt_from_row(row, alive))
         return found
 
     async def running(self, job: str, key: str | None = None) -> list[Attempt]:
         """Attempts of a job (at one slot) that run right now somewhere."""
         await self._need()
-        rows = await self.store._read(sql.running_attempts(job, key))
-        return [_attempt(row, True) for row in rows if await self._holding(row)]
+        rows = await self.db.read(sql.running_attempts(job, key))
+        return [attempt_from_row(row, True) for row in rows if await self._holding(row)]
 
     async def held(self, job: str, keys: Sequence[str]) -> bool:
         """Whether an attempt of the job holds its job lock or one of these slots' locks right
         now (Postgres; read from pg_locks): one whose start is not recorded yet may run."""
         if not self.dialect.slot_locks:
             return False
-        with self.store.translate():
-            async with self.store.engine.connect() as conn:
+        with self.db.translate():
+            async with self.db.engine.connect() as conn:
                 held = await self.dialect.job_held(conn, job)
                 for key in keys:
                     held = held or await self.dialect.slot_held(conn, job, key)
@@ -431,8 +369,8 @@ class Control:
         (Postgres, read from pg_locks), or its process lives (SQLite, on this host)."""
         if not self.dialect.slot_locks:
             return _process_alive(row.host, row.pid)
-        with self.store.translate():
-            async with self.store.engine.connect() as conn:
+        with self.db.translate():
+            async with self.db.engine.connect() as conn:
                 held = await self.dialect.slot_held(conn, row.job, row.key)
                 await conn.rollback()
         return held
@@ -442,7 +380,7 @@ class Control:
         found: dict[str, Claim] = {}
         for start in range(0, len(keys), 500):
             chunk = list(keys[start : start + 500])
-            for row in await self.store._read(sql.claims_of(job, chunk)):
+            for row in await self.db.read(sql.claims_of(job, chunk)):
                 found[row.key] = claim_from_row(row)
         return found
 
@@ -452,7 +390,7 @@ class Control:
         found: set[str] = set()
         for start in range(0, len(keys), 500):
             chunk = list(keys[start : start + 500])
-            found.update(row.key for row in await self.store._read(sql.given_up_of(job, chunk)))
+            found.update(row.key for row in await self.db.read(sql.given_up_of(job, chunk)))
         return found
 
     # -- a job's ledger over a window: what `oncely verify` checks ------------------------
@@ -461,7 +399,7 @@ class Control:
         """Record the first appearance of these jobs (a job seen before keeps its first);
         nothing on a database without oncely_jobs."""
         new = [name for name in names if name not in self._seen]
-        if not new or not self.store.has_jobs:
+        if not new or not self.db.has_jobs:
             return
         statement = sql.record_jobs(self.dialect.insert(), new, self.dialect.now())
         async with self._write(record=True) as conn:
@@ -473,33 +411,33 @@ class Control:
         attempted slot if older (an older oncely records no appearance); None: never seen."""
         await self._need()
         found: list[datetime] = []
-        if self.store.has_jobs:
-            found += [r[0] for r in await self.store._read(sql.first_seen(job))]
-        for row in await self.store._read(sql.first_slots(job)):
+        if self.db.has_jobs:
+            found += [r[0] for r in await self.db.read(sql.first_seen(job))]
+        for row in await self.db.read(sql.first_slots(job)):
             found += [t for t in row if t is not None]
         return min(found) if found else None
 
     async def first_seen_all(self) -> dict[str, datetime]:
         """When each recorded job first appeared, by name."""
-        if not self.store.has_jobs:
+        if not self.db.has_jobs:
             return {}
-        return {r.name: r.first_seen for r in await self.store._read(sql.jobs_first_seen())}
+        return {r.name: r.first_seen for r in await self.db.read(sql.jobs_first_seen())}
 
     async def ledger(self, job: str, since: datetime, until: datetime) -> JobLedgerRows:
         """A job's claims, attempt records (those with no outcome say if alive) and releases
         for the slots in [since, until]."""
         await self._need()
         claims = [
-            claim_from_row(r) for r in await self.store._read(sql.claims_between(job, since, until))
+            claim_from_row(r) for r in await self.db.read(sql.claims_between(job, since, until))
         ]
         records = []
-        for row in await self.store._read(sql.records_between(job, since, until)):
+        for row in await self.db.read(sql.records_between(job, since, until)):
             alive = False
             if row.outcome is None and row.started_at is not None:
                 alive = await self._holding(row)
-            records.append(_attempt(row, alive))
+            records.append(attempt_from_row(row, alive))
         releases = []
-        for row in await self.store._read(sql.releases_since(job, since)):
+        for row in await self.db.read(sql.releases_since(job, since)):
             target = str(row.target)
             if target.startswith(f"{job} ") and not str(row.result).startswith("refused"):
                 releases.append((row.at, target[len(job) + 1 :]))
@@ -509,31 +447,31 @@ class Control:
 
     async def pauses(self) -> dict[str, Pause]:
         """The pauses in force, by job (none on a database without the control plane)."""
-        if not self.store.has_control:
+        if not self.db.has_control:
             return {}
-        return {r.job: _pause(r) for r in await self.store._read(sql.pauses_in_force())}
+        return {r.job: _pause(r) for r in await self.db.read(sql.pauses_in_force())}
 
     async def pause_in(self, session: AsyncSession, job: str, slot: datetime) -> Pause | None:
         """The pause of a job that holds the slot's time (paused_at <= slot < resumed_at, or
         still open), read in an attempt's open transaction."""
-        if not self.store.has_control:
+        if not self.db.has_control:
             return None
-        with self.store.translate():
+        with self.db.translate():
             row = (await session.execute(sql.pause_covering(job, slot))).first()
         return _pause(row) if row is not None else None
 
     async def job_pauses(self, job: str) -> list[Pause]:
         """Every pause of one job, oldest first."""
         await self._need()
-        return [_pause(r) for r in await self.store._read(sql.job_pauses(job))]
+        return [_pause(r) for r in await self.db.read(sql.job_pauses(job))]
 
     async def pauses_since(self, since: datetime | None) -> dict[str, list[Pause]]:
         """By job, every pause still open or ended after `since`, oldest first (none on a
         database without the control plane)."""
-        if not self.store.has_control:
+        if not self.db.has_control:
             return {}
         found: dict[str, list[Pause]] = {}
-        for row in await self.store._read(sql.pauses_since(since)):
+        for row in await self.db.read(sql.pauses_since(since)):
             found.setdefault(row.job, []).append(_pause(row))
         return found
 
@@ -660,7 +598,7 @@ class Control:
     # -- tasks --------------------------------------------------------------------------
 
     async def _task_refused(self, action: Action, task_id: int, what: str, allowed: str) -> None:
-        rows = await self.store._read(tasks_sql.get(task_id))
+        rows = await self.db.read(task_queue_sql.get(task_id))
         if not rows:
             raise BadInputError(f"no task with id {task_id}")
         rec = record(rows[0])
@@ -687,7 +625,7 @@ class Control:
             if asked is not None:
                 await self._audit(conn, action, "cancel requested (running)")
                 return "cancel requested", None
-        rows = await self.store._read(sql.task_cancel_request(task_id))
+        rows = await self.db.read(sql.task_cancel_request(task_id))
         if rows:
             raise BadInputError(
                 f"task {task_id} already has a cancel request (by {rows[0].requested_by} at "
@@ -702,26 +640,28 @@ class Control:
         """Which of these (running) tasks an operator asked to cancel: for a worker's cancel
         watch, on its own control connection (`engine`; else the store's). Empty on a
         database without the control plane's tables."""
-        if not ids or not self.store.has_control:
+        if not ids or not self.db.has_control:
             return set()
         stmt = sql.task_cancel_requests(list(ids))
         if engine is None:
-            return {int(r[0]) for r in await self.store._read(stmt)}
-        with self.store.translate():
+            return {int(r[0]) for r in await self.db.read(stmt)}
+        with self.db.translate():
             async with engine.connect() as conn:
                 return {int(r[0]) for r in await conn.execute(stmt)}
 
     async def task_cancel_request(self, task_id: int) -> tuple[datetime, str] | None:
         """When and by whom a task's cancel was asked for, if it was."""
         await self._need()
-        rows = await self.store._read(sql.task_cancel_request(task_id))
+        rows = await self.db.read(sql.task_cancel_request(task_id))
         return (rows[0].requested_at, rows[0].requested_by) if rows else None
 
     async def retry_task(self, action: Action, task_id: int) -> TaskRecord:
         """Run a dead, discarded or waiting task again now, with its audit row."""
         await self._need()
         async with self._write() as conn:
-            row = (await conn.execute(tasks_sql.retry_now(task_id, self.dialect.now()))).first()
+            row = (
+                await conn.execute(task_queue_sql.retry_now(task_id, self.dialect.now()))
+            ).first()
             if row is not None:
                 await conn.execute(sql.forget_task_cancel(task_id))
                 await self._audit(conn, action, "available now")
@@ -734,7 +674,7 @@ class Control:
         """Discard a task that has not succeeded, with its audit row."""
         await self._need()
         async with self._write() as conn:
-            row = (await conn.execute(tasks_sql.discard(task_id, self.dialect.now()))).first()
+            row = (await conn.execute(task_queue_sql.discard(task_id, self.dialect.now()))).first()
             if row is not None:
                 await self._audit(conn, action, "discarded")
                 return record(row)
@@ -746,7 +686,7 @@ class Control:
     async def audit(self, job: str | None, limit: int) -> list[AuditEntry]:
         """The audit trail, newest first."""
         await self._need()
-        return [_audit_entry(r) for r in await self.store._read(sql.audit_trail(job, limit))]
+        return [audit_from_row(r) for r in await self.db.read(sql.audit_trail(job, limit))]
 
     async def prune(self, action: Action, before: datetime) -> dict[str, int]:
         """Delete finished tasks, claims, attempt records and ended pauses older than
@@ -755,14 +695,14 @@ class Control:
         it all, in one transaction."""
         await self._need()
         counts: dict[str, int] = {}
-        counts["tasks"], counts["claims"] = await self.store.tasks.prune(before)
+        counts["tasks"], counts["claims"] = await self.tasks.prune(before)
         async with self._write() as conn:
             statements = [
                 ("attempts", sql.prune_attempts(before)),
                 ("pauses", sql.prune_pauses(before)),
                 ("cancel requests", sql.prune_task_cancels()),
             ]
-            if self.store.has_duplicates:
+            if self.db.has_duplicates:
                 statements.append(("duplicates", sql.prune_duplicates(before)))
             for name, stmt in statements:
                 counts[name] = int((await conn.execute(stmt)).rowcount or 0)

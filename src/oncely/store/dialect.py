@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -17,13 +17,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.sql.dml import Insert
 
 from .. import clock
-from . import sql, tasks_sql
+from ..errors import DatabaseError, SchemaMissingError
+from . import sql, task_queue_sql
 from .plan import Plan, Step
 
 MISSING_TABLES = (
     "oncely's tables are missing: run `oncely migrate` (or include "
     "oncely.schema.metadata in your migrations)"
 )
+
+
+def raise_translated(dialect: Dialect, exc: Exception) -> NoReturn:
+    """A driver error of a statement oncely sent in the caller's transaction, as an
+    OncelyError (SchemaMissingError for a missing table, else DatabaseError)."""
+    if dialect.is_missing_table(exc):
+        raise SchemaMissingError(MISSING_TABLES) from exc
+    raise DatabaseError(f"claiming failed: {getattr(exc, 'orig', None) or exc}") from exc
 
 
 class ClaimOutcome(enum.Enum):
@@ -91,10 +100,8 @@ class ClaimRequest:
         }
 
 
-class Dialect(abc.ABC):
-    """The database-specific half of the store."""
-
-    name: str
+class EngineSettings(abc.ABC):
+    """How oncely's engines and connections are set up on this database."""
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for `create_async_engine` when oncely builds the engine."""
@@ -134,6 +141,58 @@ class Dialect(abc.ABC):
         (Postgres has no database-wide write lock: none)."""
         return {}
 
+    def owns_connection(self, conn: object) -> bool:
+        """Whether `conn` is a bare connection of this database's own driver (asyncpg), which
+        `claim_on_driver` and `enqueue_on_driver` take."""
+        return False
+
+    async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
+        """The driver connection under a caller's session (`bind`: what it runs on, an engine
+        or the session's AsyncConnection), inside the session's own transaction, begun as
+        SQLAlchemy begins it (or, for a session in autocommit mode, outside any); None: run
+        oncely's statements through the session.
+        Statements sent on it take the `*_on_driver` methods above."""
+        return None
+
+    def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
+        """An engine on which oncely runs an attempt's transaction on the driver itself, or
+        None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
+        return None
+
+    def foreign_driver(self, dbapi_connection: object) -> str:
+        """SQLAlchemy's name for the driver of a DB-API connection oncely does not own."""
+        raise NotImplementedError
+
+    def foreign_cursor(self, cursor: Any) -> Any:
+        """A cursor of a borrowed connection, made to return values as SQLAlchemy expects
+        them from this driver (its owner may have changed the connection's conversions)."""
+        return cursor
+
+    def record_options(self) -> dict[str, Any]:
+        """Execution options for the short writes of attempt records (Postgres: autocommit,
+        one round trip each, no transaction of their own)."""
+        return {}
+
+    def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
+        """`engine` for statements that are each a transaction of their own (a lease, a
+        heartbeat): one round trip each where the driver allows, no BEGIN or COMMIT."""
+        return engine
+
+    def task_engine(self, engine: AsyncEngine) -> AsyncEngine:
+        """The engine whose connections a worker lends to tasks' transactions (see
+        `begin_task`), made once from an engine of the worker's own."""
+        return engine
+
+    def task_options(self, *, eager: bool) -> dict[str, Any]:
+        """Execution options for a task's connection; `eager`: take the write lock at the
+        transaction's first statement (SQLite, after a conflict), not at its first write."""
+        return {}
+
+
+class SqlFragments(abc.ABC):
+    """The pieces of SQL that differ between databases: database time, the claim's and the
+    enqueue's statements, limits' locks, the DDL of the later migrations."""
+
     @abc.abstractmethod
     def insert(self) -> Any:
         """The dialect's `insert` construct, which knows ON CONFLICT DO NOTHING."""
@@ -167,9 +226,152 @@ class Dialect(abc.ABC):
 
     @functools.cached_property
     def enqueue_statement(self) -> Any:
-        """tasks_sql.enqueue for this database, built once (database time bound if need be)."""
-        run_at, delay = tasks_sql.enqueue_times()
-        return tasks_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
+        """task_queue_sql.enqueue for this database, built once (database time bound if need be)."""
+        run_at, delay = task_queue_sql.enqueue_times()
+        return task_queue_sql.enqueue(self.insert(), self.now_sql(), self.due_at(run_at, delay))
+
+    def tasks_ddl(self) -> Sequence[str]:
+        """Statements that follow the creation of oncely_tasks (Postgres: its NOTIFY trigger)."""
+        return ()
+
+    def wake_ddl(self) -> Sequence[str]:
+        """Schema 12's statements: the NOTIFY trigger names the enqueueing transaction."""
+        return ()
+
+    def ack_ddl(self) -> Sequence[str]:
+        """Schema 13's statements: a task's ack as a function the server plans once per
+        connection (see `ack_and_commit`)."""
+        return ()
+
+    def migration_lock(self) -> Step | None:
+        """The statement that serializes concurrent `migrate` calls (several replicas
+        starting at once), in the migration's transaction; None: its BEGIN already does."""
+        return None
+
+    database_clock = False
+    """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
+
+    def due_at(self, run_at: Any, delay: Any) -> Any:
+        """A task's run_at from the bound `run_at` (a time or NULL) and `delay` (seconds).
+
+        Without a database clock the caller binds the time itself and `delay` is unused.
+        """
+        return run_at
+
+    def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
+        """One statement and its parameters inserting all these tasks, if the database has a
+        faster way than an executemany of `task_queue_sql.enqueue` (None: it has not)."""
+        return None
+
+    def after(self, seconds: float) -> Any:
+        """A database-time expression for `seconds` from now (a lease's end)."""
+        return clock.utcnow() + timedelta(seconds=seconds)
+
+    def scan_ago(self, seconds: float) -> Any:
+        """Database time `seconds` before `scan_now()`, as a value an index scan can start
+        from (since when an idle worker's last lease looked)."""
+        return clock.utcnow() - timedelta(seconds=seconds)
+
+    @abc.abstractmethod
+    def epoch_minute(self, column: Any) -> Any:
+        """An SQL expression: the whole minutes since the Unix epoch of a stored instant (what
+        the dashboard's per-minute counts group by)."""
+
+    def among(self, column: Any, ids: sa.Select[Any]) -> Any:
+        """`column IN (ids)` for a lease's last step: the rows of the ids a lease chose,
+        each found by its key."""
+        return column.in_(ids)
+
+    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
+        """Inside a lease: true if this transaction holds (or now took, without waiting) the
+        lock of one limit group (`kind` "c" or "r", the task, the group's key). Without
+        concurrent leases (SQLite's single writer) there is nothing to take."""
+        return sa.true()
+
+
+class ErrorChecks(abc.ABC):
+    """What a driver error means on this database (a busy lock, a missing table, an outage …)."""
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """Whether an exception is the driver's own (raised by statements sent on it)."""
+        return False
+
+    @abc.abstractmethod
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether a driver error means one of oncely's tables does not exist."""
+
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
+        return False
+
+    def is_read_only(self, exc: BaseException) -> bool:
+        """Whether a driver error means the database refuses every write (not an outage)."""
+        return False
+
+    def is_schema_problem(self, exc: BaseException) -> bool:
+        """Whether a driver error means oncely's tables lack a column or table it uses."""
+        return False
+
+    def is_busy(self, exc: BaseException) -> bool:
+        """Whether a driver error means another transaction holds the lock we asked for."""
+        return False
+
+    def is_conflict(self, exc: BaseException) -> bool:
+        """Whether an error a task's transaction met is a conflict with another writer that
+        running the attempt again resolves (SQLite's write lock), not the task's failing."""
+        return False
+
+
+class Notifications:
+    """Wake-ups between processes (Postgres NOTIFY/LISTEN; SQLite has none)."""
+
+    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
+        """In the open transaction: wake the process running this attempt once it commits
+        (a cancel request); without notifications it finds the request by polling."""
+        return None
+
+    async def notify_workers(self, conn: AsyncConnection, payload: str) -> None:
+        """Send `payload` to every listening worker, as a notification's key (a worker's
+        word that notifications are answered: see TaskWorker.notify)."""
+        return None
+
+    async def notify_tasks(self, conn: AsyncConnection) -> None:
+        """Wake the idle workers (once `conn`'s transaction commits): tasks became available
+        otherwise than by an INSERT (whose trigger wakes them), e.g. handed back or retried."""
+        return None
+
+    def cancel_listener(
+        self, engine: AsyncEngine, on_notify: Callable[[int], None]
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify(attempt_id)` for each cancel request, while the context is open;
+        yields whether notifications work (else the runner polls alone)."""
+        return contextlib.nullcontext(False)
+
+    notifies = False
+    """Whether the database can wake a listener when tasks are enqueued (`listener`)."""
+
+    def listener(
+        self,
+        engine: AsyncEngine,
+        on_notify: Callable[[str], None],
+        on_lost: Callable[[], None] | None = None,
+        prober: AsyncEngine | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Call `on_notify(key)` whenever tasks are enqueued, while the context is open, and
+        `on_lost()` if the listening connection goes away meanwhile. `key` is the same for
+        every listener of one notification, and varies from one to the next: what idle
+        workers take turns by.
+
+        Yields whether notifications work (one sent from another connection, of `prober`,
+        default `engine`, arrived); without them workers rely on polling alone.
+        """
+        return contextlib.nullcontext(False)
+
+
+class ConnectionStatements(SqlFragments):
+    """Statements run on a connection (or on the driver itself, the fast paths), built from
+    the fragments: the slot's lock and claim, an attempt's and a task's transaction, locks
+    held, transaction ids."""
 
     def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
         """The statements of `lock_and_claim` once its transaction is open: on a database
@@ -190,19 +392,12 @@ class Dialect(abc.ABC):
         the job runs anywhere, another slot's attempt answers OVERLAP (`overlap="skip"`).
         """
 
-    # -- a caller's bare driver connection (no SQLAlchemy in between) ----------------------
-
-    def owns_connection(self, conn: object) -> bool:
-        """Whether `conn` is a bare connection of this database's own driver (asyncpg), which
-        `claim_on_driver` and `enqueue_on_driver` take."""
-        return False
-
     async def claim_on_driver(self, conn: Any, job: str, key: str, claimed_by: str) -> bool:
         """`claims.claim_run` on a bare driver connection, in the caller's open transaction."""
         raise NotImplementedError
 
     async def enqueue_on_driver(self, conn: Any, params: list[dict[str, Any]]) -> list[Any]:
-        """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on a bare driver
+        """Insert tasks (the parameter sets of `task_queue_sql.enqueue`) on a bare driver
         connection; the new rows (id, task, idempotency_key, run_at, created_at)."""
         raise NotImplementedError
 
@@ -218,32 +413,6 @@ class Dialect(abc.ABC):
         """The retained rows of `task` with these idempotency keys, on a bare driver
         connection."""
         raise NotImplementedError
-
-    async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
-        """The driver connection under a caller's session (`bind`: what it runs on, an engine
-        or the session's AsyncConnection), inside the session's own transaction, begun as
-        SQLAlchemy begins it (or, for a session in autocommit mode, outside any); None: run
-        oncely's statements through the session.
-        Statements sent on it take the `*_on_driver` methods above."""
-        return None
-
-    def tasks_ddl(self) -> Sequence[str]:
-        """Statements that follow the creation of oncely_tasks (Postgres: its NOTIFY trigger)."""
-        return ()
-
-    def wake_ddl(self) -> Sequence[str]:
-        """Schema 12's statements: the NOTIFY trigger names the enqueueing transaction."""
-        return ()
-
-    def ack_ddl(self) -> Sequence[str]:
-        """Schema 13's statements: a task's ack as a function the server plans once per
-        connection (see `ack_and_commit`)."""
-        return ()
-
-    def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
-        """An engine on which oncely runs an attempt's transaction on the driver itself, or
-        None: SQLAlchemy's session runs it (`begin_attempt` and friends are then unused)."""
-        return None
 
     async def begin_attempt(self, conn: AsyncConnection) -> Any:
         """Begin an attempt's transaction on the connection's driver; the driver connection."""
@@ -263,43 +432,10 @@ class Dialect(abc.ABC):
         can run the next attempt as it is (see `held`); False: give it back to the pool."""
         return False
 
-    def is_driver_error(self, exc: BaseException) -> bool:
-        """Whether an exception is the driver's own (raised by statements sent on it)."""
-        return False
-
-    def migration_lock(self) -> Step | None:
-        """The statement that serializes concurrent `migrate` calls (several replicas
-        starting at once), in the migration's transaction; None: its BEGIN already does."""
-        return None
-
-    # -- a connection oncely borrows (Django's), inside its owner's transaction ------------
-
-    def foreign_driver(self, dbapi_connection: object) -> str:
-        """SQLAlchemy's name for the driver of a DB-API connection oncely does not own."""
-        raise NotImplementedError
-
-    def foreign_cursor(self, cursor: Any) -> Any:
-        """A cursor of a borrowed connection, made to return values as SQLAlchemy expects
-        them from this driver (its owner may have changed the connection's conversions)."""
-        return cursor
-
-    @abc.abstractmethod
-    def is_missing_table(self, exc: BaseException) -> bool:
-        """Whether a driver error means one of oncely's tables does not exist."""
-
-    def is_unavailable(self, exc: BaseException) -> bool:
-        """Whether a driver error means the database cannot be used at all (beyond I/O errors)."""
-        return False
-
     async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
         """In the connection's open write transaction, take the slot's lock without waiting
         (as an attempt does); False if an attempt at it is running right now."""
         return True
-
-    def record_options(self) -> dict[str, Any]:
-        """Execution options for the short writes of attempt records (Postgres: autocommit,
-        one round trip each, no transaction of their own)."""
-        return {}
 
     slot_locks = False
     """Whether `slot_held` sees a running attempt's lock (Postgres' advisory locks); else a
@@ -325,109 +461,9 @@ class Dialect(abc.ABC):
         right now, read without taking it."""
         return False
 
-    async def notify_cancel(self, conn: AsyncConnection, attempt_id: int) -> None:
-        """In the open transaction: wake the process running this attempt once it commits
-        (a cancel request); without notifications it finds the request by polling."""
-        return None
-
-    async def notify_workers(self, conn: AsyncConnection, payload: str) -> None:
-        """Send `payload` to every listening worker, as a notification's key (a worker's
-        word that notifications are answered: see TaskWorker.notify)."""
-        return None
-
-    async def notify_tasks(self, conn: AsyncConnection) -> None:
-        """Wake the idle workers (once `conn`'s transaction commits): tasks became available
-        otherwise than by an INSERT (whose trigger wakes them), e.g. handed back or retried."""
-        return None
-
-    def cancel_listener(
-        self, engine: AsyncEngine, on_notify: Callable[[int], None]
-    ) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Call `on_notify(attempt_id)` for each cancel request, while the context is open;
-        yields whether notifications work (else the runner polls alone)."""
-        return contextlib.nullcontext(False)
-
-    def is_read_only(self, exc: BaseException) -> bool:
-        """Whether a driver error means the database refuses every write (not an outage)."""
-        return False
-
-    def is_schema_problem(self, exc: BaseException) -> bool:
-        """Whether a driver error means oncely's tables lack a column or table it uses."""
-        return False
-
     async def probe_writes(self, conn: AsyncConnection) -> None:
         """Raise the driver's error if the database refuses writes; change nothing."""
         return None
-
-    notifies = False
-    """Whether the database can wake a listener when tasks are enqueued (`listener`)."""
-
-    database_clock = False
-    """Whether `now()` is the database server's clock (else this machine's, bound as a value)."""
-
-    def due_at(self, run_at: Any, delay: Any) -> Any:
-        """A task's run_at from the bound `run_at` (a time or NULL) and `delay` (seconds).
-
-        Without a database clock the caller binds the time itself and `delay` is unused.
-        """
-        return run_at
-
-    def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
-        """One statement and its parameters inserting all these tasks, if the database has a
-        faster way than an executemany of `tasks_sql.enqueue` (None: it has not)."""
-        return None
-
-    def after(self, seconds: float) -> Any:
-        """A database-time expression for `seconds` from now (a lease's end)."""
-        return clock.utcnow() + timedelta(seconds=seconds)
-
-    def scan_ago(self, seconds: float) -> Any:
-        """Database time `seconds` before `scan_now()`, as a value an index scan can start
-        from (since when an idle worker's last lease looked)."""
-        return clock.utcnow() - timedelta(seconds=seconds)
-
-    @abc.abstractmethod
-    def epoch_minute(self, column: Any) -> Any:
-        """An SQL expression: the whole minutes since the Unix epoch of a stored instant (what
-        the dashboard's per-minute counts group by)."""
-
-    def listener(
-        self,
-        engine: AsyncEngine,
-        on_notify: Callable[[str], None],
-        on_lost: Callable[[], None] | None = None,
-        prober: AsyncEngine | None = None,
-    ) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Call `on_notify(key)` whenever tasks are enqueued, while the context is open, and
-        `on_lost()` if the listening connection goes away meanwhile. `key` is the same for
-        every listener of one notification, and varies from one to the next: what idle
-        workers take turns by.
-
-        Yields whether notifications work (one sent from another connection, of `prober`,
-        default `engine`, arrived); without them workers rely on polling alone.
-        """
-        return contextlib.nullcontext(False)
-
-    def is_busy(self, exc: BaseException) -> bool:
-        """Whether a driver error means another transaction holds the lock we asked for."""
-        return False
-
-    # -- a task's own transaction (store/task_store.TaskTransaction) ----------------------
-
-    def autocommit(self, engine: AsyncEngine) -> AsyncEngine:
-        """`engine` for statements that are each a transaction of their own (a lease, a
-        heartbeat): one round trip each where the driver allows, no BEGIN or COMMIT."""
-        return engine
-
-    def task_engine(self, engine: AsyncEngine) -> AsyncEngine:
-        """The engine whose connections a worker lends to tasks' transactions (see
-        `begin_task`), made once from an engine of the worker's own."""
-        return engine
-
-    def task_options(self, *, eager: bool) -> dict[str, Any]:
-        """Execution options for a task's connection; `eager`: take the write lock at the
-        transaction's first statement (SQLite, after a conflict), not at its first write."""
-        return {}
 
     async def task_connection_ok(self, conn: AsyncConnection, idle_s: float) -> bool:
         """Whether a task's connection, idle `idle_s` seconds, can serve the next task."""
@@ -460,11 +496,6 @@ class Dialect(abc.ABC):
         """Roll back a task's transaction begun on the driver, if it is still open."""
         raise NotImplementedError
 
-    def is_conflict(self, exc: BaseException) -> bool:
-        """Whether an error a task's transaction met is a conflict with another writer that
-        running the attempt again resolves (SQLite's write lock), not the task's failing."""
-        return False
-
     writes_in_with = False
     """Whether a statement can UPDATE in a WITH and INSERT from it (Postgres): a failed
     attempt's outcome and its history row in one statement, atomic on an autocommit
@@ -474,13 +505,9 @@ class Dialect(abc.ABC):
     """Whether two transactions may lease at once (Postgres), so that one may miss the
     other's lease committed while it ran: a lease of limited tasks then counts again."""
 
-    def among(self, column: Any, ids: sa.Select[Any]) -> Any:
-        """`column IN (ids)` for a lease's last step: the rows of the ids a lease chose,
-        each found by its key."""
-        return column.in_(ids)
 
-    def limit_lock(self, kind: str, task: Any, key: Any) -> Any:
-        """Inside a lease: true if this transaction holds (or now took, without waiting) the
-        lock of one limit group (`kind` "c" or "r", the task, the group's key). Without
-        concurrent leases (SQLite's single writer) there is nothing to take."""
-        return sa.true()
+class Dialect(EngineSettings, ErrorChecks, Notifications, ConnectionStatements):
+    """The database-specific half of the store, by concern: its engines' settings, its SQL
+    fragments, its errors, its notifications, and its statements on a connection."""
+
+    name: str

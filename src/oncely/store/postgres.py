@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import importlib.util
 import json
-import logging
-import re
 import time
-import uuid
-import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime
-from types import SimpleNamespace
-from typing import Any, ClassVar, NamedTuple, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import asyncpg
 import sqlalchemy as sa
@@ -27,50 +20,57 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import await_only
 
-from ..errors import BadInputError, ConfigError, DatabaseError, SchemaMissingError
+from ..errors import ConfigError
 from ..locks import job_lock_key, slot_lock_key
 from . import sql
 from .dialect import (
-    MISSING_TABLES,
     ClaimOutcome,
     ClaimRequest,
     Dialect,
     checked_plan,
-    marks_verdict,
 )
 from .plan import Plan, Step, run_async
+from .postgres_notify import (
+    CANCEL_CHANNEL,
+    TASKS_CHANNEL,
+    TASKS_NOTIFY,
+    TASKS_NOTIFY_DDL,
+    TASKS_NOTIFY_TXID_DDL,
+    listen_cancels,
+    listen_tasks,
+)
+from .postgres_statements import (
+    DRIVER_FINISH,
+    DRIVER_FINISH_AND_COMMIT,
+    DRIVER_HAS_CLAIM,
+    DRIVER_LOCK_AND_CLAIM,
+    DRIVER_LOCK_AND_CLAIM_STATEMENT,
+    ENQUEUE,
+    LOCK_AND_CLAIM,
+    SLOT_HELD,
+    TASK_ACK_FUNCTION_DDL,
+    TASK_BEGIN,
+    XACT_ID,
+    XACT_STATUS,
+    checked_on_driver,
+    claim_on_driver,
+    driver_of,
+    driver_rows,
+    due_at,
+    enqueue_many_params,
+    enqueue_on_driver,
+    expanded_on_driver,
+    session_driver,
+    task_ack_sql,
+    tasks_by_keys_on_driver,
+)
 from .session import attempt_driver, mark_claimed
-from .tables import UTCDateTime
 
 # The migration lock's two keys ("once", 0). Slot and job locks use the two-key form too,
 # with all 64 bits from a hash (see oncely.locks), so they never meet an application's
 # one-key (bigint) locks.
 LOCK_NAMESPACE = 0x6F6E6365
 _MIGRATION_LOCK = 0
-
-# Lock and claim in one round trip: each lock CTE runs once (volatile, referenced twice);
-# the job lock is only tried for an exclusive attempt; the insert runs only if the locks
-# were ours; the row says which case we are in.
-LOCK_AND_CLAIM = sa.text(
-    """
-    WITH lock AS (
-        SELECT pg_try_advisory_xact_lock(:slot_hi, :slot_lo) AS got
-    ), job_lock AS (
-        SELECT CASE WHEN CAST(:exclusive AS boolean)
-                    THEN pg_try_advisory_xact_lock(:job_hi, :job_lo)
-                    ELSE true END AS got
-    ), ins AS (
-        INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
-        SELECT CAST(:job AS varchar), CAST(:key AS varchar),
-               CAST(:scheduled_for AS timestamptz), now(), CAST(:claimed_by AS varchar)
-        FROM lock, job_lock WHERE lock.got AND job_lock.got
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    )
-    SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
-           (SELECT count(*) FROM ins) AS claimed
-    """
-).bindparams(sa.bindparam("scheduled_for", type_=UTCDateTime()))
 
 # A pooled connection idle longer than this is pinged before use; a dead one is replaced
 # without the caller seeing an error. SQLAlchemy's pool_pre_ping would ping on every checkout,
@@ -127,219 +127,6 @@ def _on_checkout(after: float, dbapi_connection: Any, record: Any, _proxy: Any) 
     except Exception as exc:
         # The pool discards this connection and checks out (or opens) another one.
         raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
-
-
-# -- attempts on the driver ---------------------------------------------------------------
-# On asyncpg an attempt's own statements go straight to the driver, and the job's go through
-# an AsyncSession on the same connection in SQLAlchemy's AUTOCOMMIT mode, so SQLAlchemy sends
-# no BEGIN, COMMIT or ROLLBACK of its own: all of them run inside the one transaction that
-# `begin_attempt` opens and `commit_attempt` / `rollback_attempt` end. Three round trips for
-# an attempt (BEGIN; lock-and-claim; finish-and-COMMIT) and no SQLAlchemy statement machinery
-# on oncely's side; the job's session is a plain AsyncSession.
-
-# LOCK_AND_CLAIM, for the driver; it also names the claimed slot in two transaction-local
-# settings, so the finish below is a constant string that can travel with the COMMIT.
-DRIVER_LOCK_AND_CLAIM = """
-    WITH lock AS (
-        SELECT pg_try_advisory_xact_lock($1, $2) AS got
-    ), job_lock AS (
-        SELECT CASE WHEN $3::boolean THEN pg_try_advisory_xact_lock($4, $5)
-                    ELSE true END AS got
-    ), ins AS (
-        INSERT INTO oncely_runs (job, key, scheduled_for, claimed_at, claimed_by)
-        SELECT $6::varchar, $7::varchar, $8::timestamptz, now(), $9::varchar
-        FROM lock, job_lock WHERE lock.got AND job_lock.got
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    )
-    SELECT (SELECT got FROM lock) AS got, (SELECT got FROM job_lock) AS job_free,
-           (SELECT count(*) FROM ins) AS claimed,
-           CASE WHEN (SELECT count(*) FROM ins) > 0 THEN txid_current() END AS xid,
-           set_config('oncely.job', $6::varchar, true) AS claimed_job,
-           set_config('oncely.key', $7::varchar, true) AS claimed_key
-"""
-
-# Stamp the end of the slot claimed above and commit, in one message (one round trip). A
-# failing UPDATE (an aborted transaction) stops the message before its COMMIT.
-DRIVER_FINISH_AND_COMMIT = (
-    "UPDATE oncely_runs SET finished_at = clock_timestamp() "
-    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key'); "
-    "COMMIT"
-)
-# Once the slot is locked and claimed (the statement above): refuse it if an attempt gave it
-# up or its retry is not due (a division by zero stops the message before the SAVEPOINT), else
-# take the savepoint a failed attempt rolls back to. A statement of its own, after the lock's:
-# its snapshot sees the fate that the lock's previous holder committed as it let go.
-DRIVER_CHECK_AND_SAVEPOINT = (
-    "SELECT 1 / (1 - count(*)) FROM (SELECT 1 FROM oncely_attempts "
-    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key') "
-    "AND (final OR retry_at IS NOT NULL) AND (final OR retry_at > clock_timestamp()) "
-    "LIMIT 1) AS refused; SAVEPOINT oncely_attempt"
-)
-# Why the check above refused a slot (read after the rollback, the rare path).
-DRIVER_MARKS = (
-    "SELECT bool_or(final) AS final, max(retry_at) AS retry_at, count(*) AS tries, "
-    "clock_timestamp() AS now FROM oncely_attempts "
-    "WHERE job = $1 AND key = $2 AND (final OR retry_at IS NOT NULL)"
-)
-DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE job = $1 AND key = $2"
-DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
-
-
-# The bare claim on a caller's asyncpg connection (see `claim_on_driver`).
-DRIVER_CLAIM = (
-    "INSERT INTO oncely_runs (job, key, claimed_at, claimed_by) "
-    "VALUES ($1, $2, clock_timestamp(), $3) ON CONFLICT DO NOTHING RETURNING 1"
-)
-
-
-async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> bool:
-    """`claim_run` on an asyncpg connection: the same INSERT, with no SQLAlchemy in between.
-
-    The connection must be inside the caller's transaction: outside one the claim would
-    commit at once, apart from the work it guards, so that is refused and nothing is sent.
-    """
-    if not conn.is_in_transaction():
-        raise BadInputError(
-            f"claim_run({job!r}, {key!r}) needs the caller's open transaction: on an asyncpg "
-            "connection, call it inside `async with conn.transaction():` so the claim "
-            "commits with your work or not at all"
-        )
-    try:
-        return await conn.fetchval(DRIVER_CLAIM, job, key, claimed_by) is not None
-    except asyncpg.UndefinedTableError as exc:
-        raise SchemaMissingError(MISSING_TABLES) from exc
-    except asyncpg.PostgresError as exc:
-        raise DatabaseError(f"claiming failed: {exc}") from exc
-
-
-# -- a task's own transaction, on the driver ---------------------------------------------
-# A task's session runs in SQLAlchemy's AUTOCOMMIT mode on the worker's pool, as an attempt's
-# does: its first statement checks a connection out, and `begin_task` then opens the task's
-# transaction on the driver, durable although the pool's connections are not (a lease or a
-# heartbeat does not wait for the disk). The ack and the COMMIT travel in one message: a lost
-# lease makes the ack's count zero, the division fails, and the message stops before COMMIT.
-
-TASK_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO on"
-TASK_ACK_AND_COMMIT = (
-    "WITH acked AS (UPDATE oncely_tasks SET state = 'succeeded', "
-    "finished_at = clock_timestamp(), lease_expires_at = NULL "
-    "WHERE id = {id:d} AND lease_token = '{token}' AND state = 'running' "
-    "AND (concurrency IS NULL OR lease_expires_at > clock_timestamp()) RETURNING 1) "
-    "SELECT 1 / count(*) FROM acked; COMMIT"
-)
-# Schema 13: the same ack as a function, so that the server plans its UPDATE once per
-# connection (plpgsql keeps the plan) instead of at every task: the UPDATE's planning, with the
-# table's ten partial indexes to weigh, cost more server CPU than its run (on one connection,
-# 0.175-0.23 ms of the backend's CPU per ack transaction as text against 0.075-0.115 ms through
-# the function; docs/scale.md). A lost lease raises no_data_found (P0002).
-TASK_ACK_FUNCTION_DDL = (
-    """
-    CREATE OR REPLACE FUNCTION oncely_task_ack(p_id bigint, p_token varchar) RETURNS void AS $$
-    BEGIN
-        UPDATE oncely_tasks SET state = 'succeeded', finished_at = clock_timestamp(),
-            lease_expires_at = NULL
-        WHERE id = p_id AND lease_token = p_token AND state = 'running'
-            AND (concurrency IS NULL OR lease_expires_at > clock_timestamp());
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'the task''s lease was lost' USING ERRCODE = 'no_data_found';
-        END IF;
-    END;
-    $$ LANGUAGE plpgsql
-    """,
-)
-TASK_ACK_CALL_AND_COMMIT = "SELECT oncely_task_ack({id:d}, '{token}'); COMMIT"
-# The two values above are written into the message, not bound: a simple query (the only kind
-# that carries a COMMIT with it) takes no parameters. Both are oncely's own: the task's id (an
-# int) and the worker's lease token, which must match this pattern (see TaskWorker.token).
-_TOKEN = re.compile(r"[0-9a-f]{1,32}\.[0-9]{1,20}")
-
-
-def _task_ack_sql(task_id: int, token: str, *, function: bool = False) -> str:
-    if not isinstance(task_id, int) or not _TOKEN.fullmatch(token):
-        raise BadInputError(f"not a task id and lease token: {task_id!r}, {token!r}")
-    sql = TASK_ACK_CALL_AND_COMMIT if function else TASK_ACK_AND_COMMIT
-    return sql.format(id=task_id, token=token)
-
-
-# -- a caller's AsyncSession on asyncpg -------------------------------------------------------
-# `claim_run` and `enqueue` on a user's AsyncSession send their statement on the session's own
-# asyncpg connection, as on a bare one: the prepared statement, with no SQLAlchemy statement
-# machinery (compilation, cursor, result) in between, which costs more CPU than the round trip.
-# The statement must run inside the session's transaction. SQLAlchemy sends its BEGIN lazily,
-# with the session's first statement; for a session that has not sent one yet, the BEGIN is
-# sent here the way SQLAlchemy's adapter sends it (so that its COMMIT and ROLLBACK end this
-# very transaction). The session's pending objects are flushed first if its autoflush is on,
-# as `session.execute` of the same INSERT would: the order of the writes, and where a flush
-# error is raised, do not depend on the driver.
-
-
-async def session_driver(session: AsyncSession, conn: AsyncConnection | None = None) -> Any:
-    """The asyncpg connection of the session's connection (`conn` if the caller has it), in
-    the session's transaction (begun here if SQLAlchemy has not sent its BEGIN yet), or
-    outside any if the session runs in autocommit mode; None if SQLAlchemy's adapter cannot
-    be driven that way."""
-    sync = session.sync_session
-    if sync.autoflush and (sync.new or sync.deleted or sync.identity_map.check_modified()):
-        await session.flush()
-    if conn is None:
-        conn = await session.connection()
-    adapted = conn.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
-    driver = getattr(adapted, "driver_connection", None)
-    if not isinstance(driver, asyncpg.Connection):
-        return None
-    if driver.is_in_transaction() or getattr(adapted, "autocommit", False):
-        return driver
-    begin = getattr(adapted, "_start_transaction", None)  # what the adapter's cursor awaits
-    if begin is None:
-        return None
-    try:
-        await begin()
-    except Exception as exc:  # the adapter's own error class, from the driver's
-        raise DatabaseError(f"beginning the transaction failed: {exc.__cause__ or exc}") from exc
-    return driver if driver.is_in_transaction() else None
-
-
-_ON_DRIVER: weakref.WeakKeyDictionary[Any, tuple[str, list[str], dict[str, Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Statements expanded for the driver, for as long as their statement lives."""
-
-
-def _on_driver(
-    stmt: Any, dialect: sa.Dialect, params: dict[str, Any]
-) -> tuple[str, list[str], dict[str, Any]]:
-    """`stmt` as asyncpg takes it: its text with positional parameters (each element of a
-    list the statement holds, such as a worker's task names, one of them), their names in
-    order, and the values the statement holds (the caller's `p_*` come with each call)."""
-    found = _ON_DRIVER.get(stmt)
-    if found is None:
-        # The values the statement holds are plain (its task names and queues, a NULL): no
-        # type of theirs processes a bound value on Postgres, nor do the rows need one
-        # (timestamptz comes back as aware UTC datetimes, as UTCDateTime returns them).
-        expanded = stmt.compile(dialect=dialect).construct_expanded_state(params)
-        fixed = {k: v for k, v in expanded.parameters.items() if k not in params}
-        found = _ON_DRIVER[stmt] = (expanded.statement, list(expanded.positiontup or ()), fixed)
-    return found
-
-
-def _driver(conn: AsyncConnection) -> Any:
-    """The asyncpg connection under a checked-out connection, at hand without I/O
-    (get_raw_connection() would take a greenlet round of its own to answer the same)."""
-    return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
-
-
-async def _checked_on_driver(driver: Any, job: str, key: str) -> ClaimOutcome:
-    """The claimed slot's check and savepoint (DRIVER_CHECK_AND_SAVEPOINT); refused, the
-    transaction is rolled back and the slot's marks say why (BUSY if they no longer refuse:
-    a retry came due meanwhile, the worker tries again soon)."""
-    try:
-        await driver.execute(DRIVER_CHECK_AND_SAVEPOINT)
-    except asyncpg.DivisionByZeroError:
-        await driver.execute("ROLLBACK")
-        row = await driver.fetchrow(DRIVER_MARKS, job, key)
-        return marks_verdict(SimpleNamespace(**dict(row))) or ClaimOutcome.BUSY
-    return ClaimOutcome.CLAIMED
 
 
 class PostgresDialect(Dialect):
@@ -417,17 +204,16 @@ class PostgresDialect(Dialect):
         job, key = request.job, request.key
         slot_hi, slot_lo = slot_lock_key(job, key)
         job_hi, job_lo = job_lock_key(job)
+        values = {
+            "slot_hi": slot_hi,
+            "slot_lo": slot_lo,
+            "exclusive": request.exclusive,
+            "job_hi": job_hi,
+            "job_lo": job_lo,
+            **request.claim_params(),
+        }
         row = await driver.fetchrow(
-            DRIVER_LOCK_AND_CLAIM,
-            slot_hi,
-            slot_lo,
-            request.exclusive,
-            job_hi,
-            job_lo,
-            job,
-            key,
-            request.scheduled_for,
-            request.claimed_by,
+            DRIVER_LOCK_AND_CLAIM, *DRIVER_LOCK_AND_CLAIM_STATEMENT.args(values)
         )
         if row["claimed"]:
             mark_claimed(session, job, key, row["xid"])
@@ -439,7 +225,7 @@ class PostgresDialect(Dialect):
             return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
         if not row["claimed"]:
             return ClaimOutcome.TAKEN
-        return await _checked_on_driver(driver, job, key)
+        return await checked_on_driver(driver, job, key)
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         if engine.dialect.driver != "asyncpg":
@@ -451,7 +237,7 @@ class PostgresDialect(Dialect):
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def begin_attempt(self, conn: AsyncConnection) -> Any:
-        driver = _driver(conn)
+        driver = driver_of(conn)
         await driver.execute("BEGIN")
         return driver
 
@@ -467,7 +253,7 @@ class PostgresDialect(Dialect):
             await driver.execute("ROLLBACK")
 
     async def reusable(self, conn: AsyncConnection, idle_s: float) -> bool:
-        driver = _driver(conn)
+        driver = driver_of(conn)
         if driver.is_closed() or driver.is_in_transaction():
             return False
         if idle_s < PING_AFTER_IDLE_S:
@@ -509,7 +295,7 @@ class PostgresDialect(Dialect):
         begin_next: bool = False,
         function: bool = False,
     ) -> bool:
-        sql = _task_ack_sql(task_id, token, function=function)
+        sql = task_ack_sql(task_id, token, function=function)
         try:
             await driver.execute(f"{sql}; {TASK_BEGIN}" if begin_next else sql)
         except (asyncpg.DivisionByZeroError, asyncpg.NoDataFoundError):
@@ -550,9 +336,7 @@ class PostgresDialect(Dialect):
         return sa.func.pg_try_advisory_xact_lock(hi, lo)
 
     def due_at(self, run_at: Any, delay: Any) -> Any:
-        return sa.func.coalesce(
-            run_at, sa.func.clock_timestamp() + sa.func.make_interval(0, 0, 0, 0, 0, 0, delay)
-        )
+        return due_at(run_at, delay)
 
     def bulk_enqueue(self, params: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]] | None:
         return ENQUEUE, enqueue_many_params(params)
@@ -577,7 +361,7 @@ class PostgresDialect(Dialect):
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        return _listen(engine, on_notify, on_lost, prober)
+        return listen_tasks(engine, on_notify, on_lost, prober)
 
     def owns_connection(self, conn: object) -> bool:
         return isinstance(conn, asyncpg.Connection)
@@ -597,12 +381,12 @@ class PostgresDialect(Dialect):
         options = conn.sync_connection.get_execution_options()  # type: ignore[union-attr]
         if options.get("isolation_level") != "AUTOCOMMIT":
             return None  # a transaction SQLAlchemy holds: its BEGIN is not sent yet
-        driver = _driver(conn)
+        driver = driver_of(conn)
         if not isinstance(driver, asyncpg.Connection):
             return None
-        sql, names, fixed = _on_driver(stmt, conn.dialect, params)
+        sql, names, fixed = expanded_on_driver(stmt, conn.dialect, params)
         args = [params[name] if name in params else fixed[name] for name in names]
-        return _driver_rows(await driver.fetch(sql, *args))
+        return driver_rows(await driver.fetch(sql, *args))
 
     async def session_driver(self, session: AsyncSession, bind: Any) -> Any:
         if bind.dialect.driver != "asyncpg":
@@ -681,7 +465,7 @@ class PostgresDialect(Dialect):
     def cancel_listener(
         self, engine: AsyncEngine, on_notify: Callable[[int], None]
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        return _listen_cancels(engine, on_notify)
+        return listen_cancels(engine, on_notify)
 
     async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:
         hi, lo = slot_lock_key(job, key)
@@ -728,390 +512,3 @@ class LentPsycopg2(PGDialect_psycopg2):
 
 registry.register(f"postgresql.{LENT_PSYCOPG}", __name__, "LentPsycopg")
 registry.register(f"postgresql.{LENT_PSYCOPG2}", __name__, "LentPsycopg2")
-
-
-TASKS_CHANNEL = "oncely_tasks"
-"""The LISTEN/NOTIFY channel that wakes idle workers when tasks are enqueued."""
-
-TASKS_NOTIFY = sa.text(f"SELECT pg_notify('{TASKS_CHANNEL}', '')")
-"""A notification of tasks available, sent by hand (tasks handed back, retried by an
-operator): no payload, so the idle workers take turns by the sender's process id."""
-
-# One notification per INSERT statement, sent by the enqueueing transaction itself: it is
-# delivered iff that transaction commits, whichever client enqueued (oncely, psql, a trigger).
-TASKS_NOTIFY_DDL = (
-    f"""
-    CREATE OR REPLACE FUNCTION oncely_tasks_notify() RETURNS trigger AS $$
-    BEGIN
-        PERFORM pg_notify('{TASKS_CHANNEL}', '');
-        RETURN NULL;
-    END;
-    $$ LANGUAGE plpgsql
-    """,
-    "DROP TRIGGER IF EXISTS oncely_tasks_notify ON oncely_tasks",
-    """
-    CREATE TRIGGER oncely_tasks_notify AFTER INSERT ON oncely_tasks
-    FOR EACH STATEMENT EXECUTE FUNCTION oncely_tasks_notify()
-    """,
-)
-
-
-# Schema 12: the trigger's notification names the enqueueing transaction (its id, the same
-# for every INSERT of it, so one transaction still sends one notification): what the idle
-# workers take turns by (see TaskWorker.notify).
-TASKS_NOTIFY_TXID_DDL = (
-    f"""
-    CREATE OR REPLACE FUNCTION oncely_tasks_notify() RETURNS trigger AS $$
-    BEGIN
-        PERFORM pg_notify('{TASKS_CHANNEL}', txid_current()::text);
-        RETURN NULL;
-    END;
-    $$ LANGUAGE plpgsql
-    """,
-)
-
-
-PROBE_TIMEOUT_S = 2.0
-"""How long a new listener waits for its own probe notification before it concludes that
-notifications do not reach it (e.g. behind PgBouncer in transaction pooling)."""
-_PROBE = "probe:"
-"""The start of a probe notification's payload (a task's notification carries the id of the
-transaction that enqueued it, or nothing when sent by hand)."""
-
-
-@contextlib.asynccontextmanager
-async def _listen_on(
-    engine: AsyncEngine,
-    channel: str,
-    callback: Callable[..., None],
-    what: str | None,
-    *,
-    probe: bool = False,
-    on_lost: Callable[[], None] | None = None,
-    prober: AsyncEngine | None = None,
-) -> AsyncIterator[bool]:
-    """LISTEN on `channel` on a connection of its own; yield False if that is not possible
-    (logged as a warning naming `what` listens, if given: the caller polls instead). With
-    `probe`, True only once a notification sent from another connection (of `prober`, default
-    `engine`: a worker sends it on its control connection, opening no third one) came
-    back (`callback` must hand a probe's payload to `_Probe.seen`). `on_lost()` is called
-    if the connection ends while the context is open."""
-    log = logging.getLogger("oncely")
-    try:
-        conn = await engine.connect()
-    except Exception as exc:  # the caller still polls; its own connections report errors
-        if what:
-            log.warning("cannot LISTEN for %s (%s); polling", what, exc)
-        yield False
-        return
-    driver: Any = None
-    lost = _Lost(on_lost)
-    try:
-        raw = await conn.get_raw_connection()
-        driver = raw.driver_connection
-        await driver.add_listener(channel, callback)
-        driver.add_termination_listener(lost)
-    except Exception as exc:
-        if what:
-            log.warning("cannot LISTEN for %s (%s); polling", what, exc)
-        driver = None
-    works = driver is not None
-    if works and probe:
-        works = await _probed(prober or engine, channel, callback)
-        if not works and what:
-            log.warning(
-                "LISTEN for %s works, but no notification arrives (a pooler in transaction"
-                " mode?); polling",
-                what,
-            )
-    try:
-        yield works
-    finally:
-        lost.callback = None  # our own close is no loss
-        if driver is not None:
-            with contextlib.suppress(Exception):
-                driver.remove_termination_listener(lost)
-                await driver.remove_listener(channel, callback)
-        with contextlib.suppress(Exception):
-            await conn.close()
-
-
-class _Lost:
-    """A listening connection's termination listener: calls back once, unless disarmed."""
-
-    def __init__(self, callback: Callable[[], None] | None) -> None:
-        self.callback = callback
-
-    def __call__(self, _conn: Any) -> None:
-        callback, self.callback = self.callback, None
-        if callback is not None:
-            callback()
-
-
-class _Probe:
-    """The probes in flight in this process, by payload."""
-
-    waiting: ClassVar[dict[str, asyncio.Event]] = {}
-
-    @classmethod
-    def seen(cls, payload: str) -> None:
-        event = cls.waiting.get(payload)
-        if event is not None:
-            event.set()
-
-
-async def _probed(engine: AsyncEngine, channel: str, callback: Callable[..., None]) -> bool:
-    """Whether a notification sent on `channel` from another connection reaches the
-    listener within PROBE_TIMEOUT_S."""
-    payload = f"{_PROBE}{uuid.uuid4().hex}"
-    arrived = _Probe.waiting[payload] = asyncio.Event()
-    try:
-        async with engine.connect() as other:
-            await other.execute(
-                sa.text("SELECT pg_notify(:channel, :payload)"),
-                {"channel": channel, "payload": payload},
-            )
-            await other.commit()
-        await asyncio.wait_for(arrived.wait(), PROBE_TIMEOUT_S)
-    except Exception:  # no answer in time, or the probe could not be sent
-        return False
-    finally:
-        del _Probe.waiting[payload]
-    return True
-
-
-def _listen(
-    engine: AsyncEngine,
-    on_notify: Callable[[str], None],
-    on_lost: Callable[[], None] | None,
-    prober: AsyncEngine | None = None,
-) -> contextlib.AbstractAsyncContextManager[bool]:
-    """LISTEN for new tasks, checked with a probe (sent from a connection of `prober`);
-    yield False (poll only) if that is not possible."""
-
-    def callback(_conn: Any, pid: Any, _channel: Any, payload: Any) -> None:
-        if isinstance(payload, str) and payload.startswith(_PROBE):
-            _Probe.seen(payload)  # a listener's check, ours or another worker's
-        else:  # the enqueueing transaction's id (schema 12), else the sender's process
-            on_notify(payload if isinstance(payload, str) and payload else f"pid {pid}")
-
-    return _listen_on(
-        engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost, prober=prober
-    )
-
-
-SLOT_HELD = sa.text(
-    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
-    " AND classid::bigint = :hi AND objid::bigint = :lo AND database = ("
-    "SELECT oid FROM pg_database WHERE datname = current_database())"
-)
-"""Whether some session holds a slot's (or a job's) advisory lock (read from pg_locks, not
-taken)."""
-
-XACT_ID = sa.text("SELECT txid_current()")
-"""The open transaction's id: what a lost COMMIT's fate is asked by (see XACT_STATUS)."""
-XACT_STATUS = sa.text("SELECT txid_status(:xid)")
-"""What became of a transaction by its id: committed, aborted, in progress (NULL: too old
-to tell)."""
-
-CANCEL_CHANNEL = "oncely_cancel"
-"""The channel a cancel request wakes the process running the attempt on (payload: its id)."""
-
-
-def _listen_cancels(
-    engine: AsyncEngine, on_notify: Callable[[int], None]
-) -> contextlib.AbstractAsyncContextManager[bool]:
-    """LISTEN for cancel requests on a connection of its own; yield False if not possible."""
-
-    def callback(_conn: Any, _pid: Any, _channel: Any, payload: Any) -> None:
-        with contextlib.suppress(ValueError):
-            on_notify(int(payload))
-
-    return _listen_on(engine, CANCEL_CHANNEL, callback, None)  # the runner still polls
-
-
-# Enqueue any number of tasks in one round trip: the arguments as one JSON array, the other
-# columns as arrays beside it (NULL when the same for all: the task, queue and trace context
-# then come as one value; keys, times and delays as none), in input order (ids follow it); existing
-# (task, idempotency_key) pairs skipped. One JSON document and few arrays keep the encoding
-# of a thousand tasks to a few microseconds each on both sides.
-_ENQUEUE_MANY = """
-    INSERT INTO oncely_tasks
-        (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
-         priority, concurrency_key, concurrency, rate_key, rate, rate_period, trace_context)
-    SELECT coalesce(u.task, {task}), coalesce(u.queue, {queue}), u.args, 'available', 0,
-           coalesce(u.run_at, clock_timestamp() + make_interval(secs => coalesce(u.delay, 0))),
-           clock_timestamp(), u.key, coalesce(u.priority, 0), u.ckey, u.conc, u.rkey, u.rate,
-           u.period, coalesce(u.trace, {trace})
-    FROM ROWS FROM (jsonb_array_elements({args}), unnest({tasks}), unnest({queues}),
-                    unnest({keys}), unnest({run_ats}), unnest({delays}), unnest({priorities}),
-                    unnest({ckeys}), unnest({concs}), unnest({rkeys}), unnest({rates}),
-                    unnest({periods}), unnest({traces}))
-         WITH ORDINALITY AS u(args, task, queue, key, run_at, delay, priority, ckey, conc, rkey,
-                              rate, period, trace, ord)
-    ORDER BY u.ord
-    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, task, idempotency_key, run_at, created_at
-"""
-_ENQUEUE_TYPES = {
-    "args": "jsonb",
-    "task": "varchar",
-    "queue": "varchar",
-    "tasks": "varchar[]",
-    "queues": "varchar[]",
-    "keys": "varchar[]",
-    "run_ats": "timestamptz[]",
-    "delays": "float8[]",
-    "priorities": "int4[]",
-    "ckeys": "varchar[]",
-    "concs": "int4[]",
-    "rkeys": "varchar[]",
-    "rates": "int4[]",
-    "periods": "float8[]",
-    "trace": "text",
-    "traces": "text[]",
-}
-_ENQUEUE_ORDER = tuple(_ENQUEUE_TYPES)
-_ENQUEUE_LIMITS = {
-    "priorities": "p_priority",
-    "ckeys": "p_ckey",
-    "concs": "p_conc",
-    "rkeys": "p_rkey",
-    "rates": "p_rate",
-    "periods": "p_period",
-}
-"""The limit columns' arrays and their parameter in an enqueue's parameter set."""
-
-ENQUEUE = sa.text(
-    _ENQUEUE_MANY.format(**{k: f"CAST(:{k} AS {t})" for k, t in _ENQUEUE_TYPES.items()})
-).columns(
-    id=sa.BigInteger(),
-    task=sa.String(),
-    idempotency_key=sa.String(),
-    run_at=UTCDateTime(),
-    created_at=UTCDateTime(),
-)
-
-# The same, for an asyncpg connection: positional parameters in _ENQUEUE_ORDER.
-DRIVER_ENQUEUE_MANY = _ENQUEUE_MANY.format(
-    **{k: f"${_ENQUEUE_ORDER.index(k) + 1}::{t}" for k, t in _ENQUEUE_TYPES.items()}
-)
-
-
-def _same(values: list[Any]) -> bool:
-    first = values[0]
-    return all(v == first for v in values)
-
-
-def enqueue_many_params(params: list[dict[str, Any]]) -> dict[str, Any]:
-    """ENQUEUE's parameters for these parameter sets (those of `tasks_sql.enqueue`)."""
-    tasks = [p["p_task"] for p in params]
-    queues = [p["p_queue"] for p in params]
-    keys = [p["p_key"] for p in params]
-    run_ats = [p["p_run_at"] for p in params]
-    delays = [p["p_delay"] for p in params]
-    traces = [p.get("p_trace") for p in params]
-    one_task, one_queue, one_trace = _same(tasks), _same(queues), _same(traces)
-    return {
-        "args": json.dumps([p["p_args"] for p in params]),
-        "task": tasks[0] if one_task else None,
-        "queue": queues[0] if one_queue else None,
-        "tasks": None if one_task else tasks,
-        "queues": None if one_queue else queues,
-        "keys": keys if any(k is not None for k in keys) else None,
-        "run_ats": run_ats if any(r is not None for r in run_ats) else None,
-        "delays": delays if any(delays) else None,
-        **{name: _array(params, p) for name, p in _ENQUEUE_LIMITS.items()},
-        "trace": traces[0] if one_trace else None,
-        "traces": None if one_trace else traces,
-    }
-
-
-def _array(params: list[dict[str, Any]], name: str) -> list[Any] | None:
-    """One parameter of every set, or None if it is None in all of them (a priority: 0, its
-    default). A limit group's key may be "" (the task's own group): kept."""
-    values = [p.get(name) for p in params]
-    empty = (None, 0) if name == "p_priority" else (None,)
-    return values if any(v not in empty for v in values) else None
-
-
-# -- enqueue on a caller's asyncpg connection -----------------------------------------------
-# The rows ENQUEUE inserts, from one prepared statement on the driver: no SQLAlchemy between an
-# application that speaks asyncpg and its INSERT. One task: VALUES; many: DRIVER_ENQUEUE_MANY.
-
-DRIVER_ENQUEUE_ONE = """
-    INSERT INTO oncely_tasks
-        (task, queue, args, state, attempt, run_at, created_at, idempotency_key,
-         priority, concurrency_key, concurrency, rate_key, rate, rate_period, trace_context)
-    VALUES ($1::varchar, $2::varchar, $3::jsonb, 'available', 0,
-            coalesce($5::timestamptz, clock_timestamp() + make_interval(secs => $6::float8)),
-            clock_timestamp(), $4::varchar, coalesce($7::int4, 0), $8::varchar, $9::int4,
-            $10::varchar, $11::int4, $12::float8, $13::text)
-    ON CONFLICT (task, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, task, idempotency_key, run_at, created_at
-"""
-
-# The retained tasks of one task name with these idempotency keys (the duplicates' records).
-DRIVER_TASKS_BY_KEYS = """
-    SELECT id, task, queue, args::text AS args, state, attempt, run_at, created_at,
-           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error,
-           priority, result
-    FROM oncely_tasks WHERE task = $1::varchar AND idempotency_key = any($2::varchar[])
-"""
-
-
-class Enqueued(NamedTuple):
-    """What an enqueue on the driver reads back of a new row (RETURNING's columns, in order)."""
-
-    id: int
-    task: str
-    idempotency_key: str | None
-    run_at: datetime
-    created_at: datetime
-
-
-def _driver_rows(records: list[Any]) -> list[Any]:
-    rows = [SimpleNamespace(**dict(r)) for r in records]
-    for row in rows:
-        if isinstance(getattr(row, "args", None), str):
-            row.args = json.loads(row.args)
-    return rows
-
-
-async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any]:
-    """Insert tasks (the parameter sets of `tasks_sql.enqueue`) on an asyncpg connection, in
-    its open transaction if it is in one (else the INSERT commits by itself); the new rows."""
-    try:
-        if len(params) == 1:
-            p = params[0]
-            record = await conn.fetchrow(
-                DRIVER_ENQUEUE_ONE,
-                p["p_task"],
-                p["p_queue"],
-                json.dumps(p["p_args"]),
-                p["p_key"],
-                p["p_run_at"],
-                p["p_delay"],
-                *(p.get(name) for name in _ENQUEUE_LIMITS.values()),
-                p.get("p_trace"),
-            )
-            return [Enqueued._make(record)] if record is not None else []
-        many = enqueue_many_params(params)
-        records = await conn.fetch(DRIVER_ENQUEUE_MANY, *(many[k] for k in _ENQUEUE_ORDER))
-        return [Enqueued._make(r) for r in records]
-    except asyncpg.PostgresError as exc:
-        _raise_enqueue_error(exc)
-
-
-async def tasks_by_keys_on_driver(conn: Any, task: str, keys: list[str]) -> list[Any]:
-    """The retained rows of `task` with these idempotency keys, on an asyncpg connection."""
-    try:
-        return _driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, task, keys))
-    except asyncpg.PostgresError as exc:
-        _raise_enqueue_error(exc)
-
-
-def _raise_enqueue_error(exc: asyncpg.PostgresError) -> NoReturn:
-    if isinstance(exc, asyncpg.UndefinedTableError):
-        raise SchemaMissingError(MISSING_TABLES) from exc
-    raise DatabaseError(f"enqueueing failed: {exc}") from exc

@@ -14,40 +14,21 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import ScheduleError, SchemaMissingError, UnknownScheduleError
 from ..model import Claim, ScheduleRecord
 from . import sql
-from .claims import claim_from_row
 from .control import Action
-from .dialect import Dialect
+from .database import Database
+from .rows import claim_from_row
 from .tables import jobs, runs, schedules
 
 LEDGER_PREFIX = "schedule:"
 """A data schedule's slots are claimed in oncely_runs under this prefix and its name."""
-
-
-class ScheduleLedger(Protocol):
-    """What the schedules' operations need of the store they run on (the Store)."""
-
-    dialect: Dialect
-    engine: AsyncEngine
-
-    def translate(self) -> contextlib.AbstractContextManager[None]: ...
-
-    async def ensure_schema(self) -> None: ...
-
-    async def _read(self, stmt: Any) -> list[Any]: ...
-
-    @property
-    def has_schedules(self) -> bool: ...
-
-    @property
-    def display_url(self) -> str: ...
 
 
 # -- statements ---------------------------------------------------------------------------
@@ -189,7 +170,7 @@ def record(row: Any) -> ScheduleRecord:
 class ScheduleStore:
     """The operations on oncely_schedules, each change with its audit row."""
 
-    def __init__(self, store: ScheduleLedger) -> None:
+    def __init__(self, store: Database) -> None:
         self.store = store
         self.dialect = store.dialect
 
@@ -228,7 +209,7 @@ class ScheduleStore:
     async def get(self, name: str) -> ScheduleRecord:
         """One schedule; UnknownScheduleError if there is none of that name."""
         await self._need()
-        rows = await self.store._read(get_schedule(name))
+        rows = await self.store.read(get_schedule(name))
         if not rows:
             raise UnknownScheduleError(f"no schedule named {name!r}")
         return record(rows[0])
@@ -241,7 +222,7 @@ class ScheduleStore:
         await self.store.ensure_schema()
         if not self.store.has_schedules:
             return []
-        return [record(r) for r in await self.store._read(all_schedules(after, limit))]
+        return [record(r) for r in await self.store.read(all_schedules(after, limit))]
 
     async def add(
         self, values: dict[str, Any], action: Action, result: str, *, paused: bool = False
@@ -362,7 +343,7 @@ class ScheduleStore:
         """The earliest next slot of any active schedule."""
         if not self.store.has_schedules:
             return None
-        rows = await self.store._read(next_due())
+        rows = await self.store.read(next_due())
         value = rows[0][0] if rows else None
         return value if isinstance(value, datetime) else None
 
@@ -374,5 +355,5 @@ class ScheduleStore:
 
     async def last_claims(self) -> dict[str, Claim]:
         """The newest claim of each schedule that has one, by schedule name."""
-        rows = await self.store._read(last_claims(LEDGER_PREFIX))
+        rows = await self.store.read(last_claims(LEDGER_PREFIX))
         return {r.job[len(LEDGER_PREFIX) :]: claim_from_row(r) for r in rows}

@@ -51,8 +51,9 @@ class AttemptSession(Session):
         super().close()
 
 
-def hand_back(session: Session) -> None:
-    """Let oncely itself finish the transaction (the job has returned or raised)."""
+def take_over(session: Session) -> None:
+    """Let oncely itself finish the transaction (the job has returned or raised): oncely
+    takes the session over from the job."""
     session.info[_OWNER] = True
 
 

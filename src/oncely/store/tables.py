@@ -118,7 +118,7 @@ def _partial_index(name: str, *columns: Any, where: Any, unique: bool = False) -
 
 # An idempotency key is unique per task among all retained rows, whatever their state. Tasks
 # without a key have no entry (schema v3): most tasks add nothing here when enqueued, leased
-# or acked. Conflict targets name the predicate (`tasks_sql.KEYED`) to infer this index.
+# or acked. Conflict targets name the predicate (`task_queue_sql.KEYED`) to infer this index.
 _KEYED = tasks.c.idempotency_key.is_not(None)
 _partial_index("oncely_tasks_key", tasks.c.task, tasks.c.idempotency_key, where=_KEYED, unique=True)
 # What a worker fetches: due, available tasks (of its queues) in lease order: highest
@@ -135,7 +135,7 @@ _partial_index(
 )
 _partial_index("oncely_tasks_next_limited", *LEASE_ORDER, where=sa.and_(_AVAILABLE, LIMITED))
 # Available tasks by the time they come due (schema v10): when an idle worker that
-# notifications wake must look again (`tasks_sql.next_due`), without a poll.
+# notifications wake must look again (`task_queue_sql.next_due`), without a poll.
 _partial_index("oncely_tasks_available_at", tasks.c.run_at, where=_AVAILABLE)
 # Live leases of tasks with a concurrency limit, by limit group: what a lease counts.
 _partial_index(

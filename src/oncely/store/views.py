@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from ..model import Attempt, AuditEntry, Claim, TaskError, TaskHistory, TaskRecord
-from . import sql, tasks_sql
-from .claims import claim_from_row
-from .control import _attempt, _audit_entry
-from .dialect import Dialect
-from .task_store import record
+from . import sql, task_queue_sql
+from .database import Database
+from .rows import attempt_from_row, audit_from_row, claim_from_row, record
 
 WINDOW = 5000
 """Task ids one page of a listing looks at, at most, when no index holds its filter."""
@@ -28,20 +26,6 @@ ERRORS_SHOWN = 50
 """Failed attempts a task's page shows at most (the newest)."""
 MINUTE_CAP = 50000
 """Rows of each series a per-minute strip reads at most (the newest)."""
-
-
-class ViewLedger(Protocol):
-    """What the views need of the store they read (the Store)."""
-
-    dialect: Dialect
-
-    @property
-    def has_duplicates(self) -> bool: ...
-
-    @property
-    def has_task_errors(self) -> bool: ...
-
-    async def _read(self, stmt: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -78,33 +62,33 @@ class TaskFilter:
 class Views:
     """The dashboard's reads on one store."""
 
-    def __init__(self, store: ViewLedger) -> None:
-        self.store = store
-        self.dialect = store.dialect
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.dialect = db.dialect
 
     async def task_page(
         self, where: TaskFilter, cursor: int | None, limit: int, names: Sequence[str]
     ) -> TaskPage:
         """A page of tasks newest first, below id `cursor`; `names`: the task names a key
         is looked up under when the filter names none (the key index leads with the name)."""
-        read = self.store._read
+        read = self.db.read
         columns = where.columns()
         if where.key is not None:
             looked = [where.task] if where.task is not None else list(names)
             if not looked:
                 return TaskPage([], None, 0)
             columns["task"] = None
-            stmt = tasks_sql.keyed_page(looked, where.key, cursor, limit + 1, **columns)
+            stmt = task_queue_sql.keyed_page(looked, where.key, cursor, limit + 1, **columns)
             return self._page([record(r) for r in await read(stmt)], limit, None, 0)
-        if where.state in (tasks_sql.DEAD, tasks_sql.DISCARDED):
+        if where.state in (task_queue_sql.DEAD, task_queue_sql.DISCARDED):
             state = columns.pop("state")
-            stmt = tasks_sql.failed_page(state, cursor, limit + 1, **columns)
+            stmt = task_queue_sql.failed_page(state, cursor, limit + 1, **columns)
             return self._page([record(r) for r in await read(stmt)], limit, None, 0)
-        window = tasks_sql.page_window(cursor, WINDOW)
-        floor, scanned = (await read(tasks_sql.window_floor(window)))[0]
+        window = task_queue_sql.page_window(cursor, WINDOW)
+        floor, scanned = (await read(task_queue_sql.window_floor(window)))[0]
         if not scanned:
             return TaskPage([], None, 0)
-        rows = await read(tasks_sql.page_between(floor, cursor, limit + 1, **columns))
+        rows = await read(task_queue_sql.page_between(floor, cursor, limit + 1, **columns))
         more = floor if scanned == WINDOW else None
         return self._page([record(r) for r in rows], limit, more, int(scanned))
 
@@ -117,27 +101,27 @@ class Views:
     async def task_errors(self, task_id: int, limit: int = ERRORS_SHOWN) -> TaskHistory:
         """A task's newest `limit` failed attempts, newest first, on the (task_id, id) index;
         no history on a database older than schema 11."""
-        if not self.store.has_task_errors:
+        if not self.db.has_task_errors:
             return TaskHistory([], kept=False)
-        rows = await self.store._read(tasks_sql.errors_of(task_id, limit + 1))
+        rows = await self.db.read(task_queue_sql.errors_of(task_id, limit + 1))
         found = [TaskError(r.attempt, r.error, r.by, r.at) for r in rows[:limit]]
         return TaskHistory(found, more=len(rows) > limit)
 
     async def newest_task_id(self) -> int | None:
         """The highest task id, if any."""
-        rows = await self.store._read(tasks_sql.newest_id())
+        rows = await self.db.read(task_queue_sql.newest_id())
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     async def task_counts(self, cap: int = COUNT_CAP) -> dict[str, int]:
         """Tasks in each state, each count stopping at `cap` (per index it reads)."""
-        states = (*_LIVE, *tasks_sql.FINISHED)
-        (row,) = await self.store._read(tasks_sql.capped_counts(states, cap))
+        states = (*_LIVE, *task_queue_sql.FINISHED)
+        (row,) = await self.db.read(task_queue_sql.capped_counts(states, cap))
         return {state: int(n or 0) for state, n in zip(states, row, strict=True)}
 
     async def live_by_queue(self, cap: int = COUNT_CAP) -> dict[str, dict[str, int]]:
         """Available and running tasks by queue (each state's rows read stop at `cap`)."""
         found: dict[str, dict[str, int]] = {}
-        for state, queue, n in await self.store._read(tasks_sql.live_by_queue(_LIVE, cap)):
+        for state, queue, n in await self.db.read(task_queue_sql.live_by_queue(_LIVE, cap)):
             found.setdefault(queue, {})[state] = found.get(queue, {}).get(state, 0) + int(n)
         return found
 
@@ -150,29 +134,29 @@ class Views:
         records: dict[tuple[str, str], list[Attempt]] = {}
         for start in range(0, len(pairs), 500):
             chunk = list(pairs[start : start + 500])
-            for row in await self.store._read(sql.claims_of_slots(chunk)):
+            for row in await self.db.read(sql.claims_of_slots(chunk)):
                 claims[(row.job, row.key)] = claim_from_row(row)
-            for row in await self.store._read(sql.records_of_slots(chunk)):
-                records.setdefault((row.job, row.key), []).append(_attempt(row))
+            for row in await self.db.read(sql.records_of_slots(chunk)):
+                records.setdefault((row.job, row.key), []).append(attempt_from_row(row))
         return claims, records
 
     async def window_records(self, job: str, first: datetime, last: datetime) -> list[Attempt]:
         """The attempt records of a job's slots in [first, last] (alive unknown: False)."""
-        rows = await self.store._read(sql.window_records(job, first, last))
-        return [_attempt(r) for r in rows]
+        rows = await self.db.read(sql.window_records(job, first, last))
+        return [attempt_from_row(r) for r in rows]
 
     async def duplicates_since(self, since: datetime, cap: int = COUNT_CAP) -> int:
         """Duplicate slot attempts recorded since `since` (counting at most `cap`)."""
-        if not self.store.has_duplicates:
+        if not self.db.has_duplicates:
             return 0
-        rows = await self.store._read(sql.duplicates_since(since, cap))
+        rows = await self.db.read(sql.duplicates_since(since, cap))
         return int(rows[0][0] or 0)
 
     async def duplicates_of(self, job: str, keys: Sequence[str]) -> dict[str, int]:
         """How many duplicates of each of these slots of a job were suppressed."""
-        if not keys or not self.store.has_duplicates:
+        if not keys or not self.db.has_duplicates:
             return {}
-        rows = await self.store._read(sql.duplicates_of(job, list(keys)))
+        rows = await self.db.read(sql.duplicates_of(job, list(keys)))
         return {key: int(n) for key, n in rows}
 
     async def per_minute(self, since: datetime, cap: int = MINUTE_CAP) -> dict[str, dict[int, int]]:
@@ -183,13 +167,15 @@ class Views:
         reads = {
             "runs": sql.claims_by_minute(minute, since, cap),
             "failures": sql.records_by_minute(minute, _FAILURES, since, cap),
-            "tasks": tasks_sql.finished_by_minute(minute, tasks_sql.SUCCEEDED, since, cap),
-            "dead": tasks_sql.finished_by_minute(minute, tasks_sql.DEAD, since, cap),
+            "tasks": task_queue_sql.finished_by_minute(
+                minute, task_queue_sql.SUCCEEDED, since, cap
+            ),
+            "dead": task_queue_sql.finished_by_minute(minute, task_queue_sql.DEAD, since, cap),
         }
-        if self.store.has_duplicates:
+        if self.db.has_duplicates:
             reads["duplicates"] = sql.duplicates_by_minute(minute, since, cap)
         series: dict[str, dict[int, int]] = {k: {} for k in _SERIES}
-        for name, m, n in await self.store._read(sql.series_by_minute(reads)):
+        for name, m, n in await self.db.read(sql.series_by_minute(reads)):
             series[name][int(m)] = int(n)
         return series
 
@@ -204,9 +190,9 @@ class Views:
     ) -> list[AuditEntry]:
         """The audit trail newest first, filtered, below id `before`."""
         stmt = sql.audit_page(job, action, actor, before, limit)
-        return [_audit_entry(r) for r in await self.store._read(stmt)]
+        return [audit_from_row(r) for r in await self.db.read(stmt)]
 
 
-_LIVE = (tasks_sql.AVAILABLE, tasks_sql.RUNNING)
+_LIVE = (task_queue_sql.AVAILABLE, task_queue_sql.RUNNING)
 _FAILURES = ["failed", "timeout", "cancelled"]
 _SERIES = ("runs", "failures", "duplicates", "tasks", "dead")

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from ..errors import BadInputError, OncelyError, UnknownJobError
 from ..model import RunResult, RunStatus
-from ..store.views import TaskFilter
+from ..store import TaskFilter
 from .access import Access
 from .pages import (
     cursor_param,

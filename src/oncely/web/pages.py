@@ -14,7 +14,7 @@ from .. import clock
 from ..errors import BadInputError, DatabaseError, UnknownJobError
 from ..model import Pause, TaskRecord, TaskState
 from ..registry import Job
-from ..store.views import COUNT_CAP, TaskFilter
+from ..store import COUNT_CAP, TaskFilter
 from . import schedule_rows, timeline
 from .access import Access
 from .render import Settings, access_of, error, gather, page, pretty

@@ -71,7 +71,7 @@ async def rows(
         for r, latest in zip(records, last, strict=True)
         if latest.claim is None and latest.outcome not in (None, "before_job")
     ]
-    found = await gather(*(app.store.history(name, 1) for name in unknown))
+    found = await gather(*(app.store.claims.history(name, 1) for name in unknown))
     newest = {name: claims[0] for name, claims in zip(unknown, found, strict=True) if claims}
     return [
         ScheduleRow(

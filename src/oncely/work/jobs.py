@@ -180,7 +180,7 @@ class JobWorker:
         unsynced = self.scheduler.unsynced(now)
         if unsynced:
             try:
-                last = await self.store.last_slots()
+                last = await self.store.claims.last_slots()
             except OncelyError as exc:  # unreachable, or a statement failed: back off, retry
                 self._unavailable(exc)
                 return

@@ -98,7 +98,7 @@ async def schedule_runs(app: Oncely, records: list[ScheduleRecord]) -> dict[str,
                 outcome = outcomes[-1] if outcomes else "not run"
             latest = f"{slot.astimezone(ZoneInfo(rec.tz)).isoformat()} {outcome}"
         if last is None:
-            newest = await app.store.history(rec.ledger_name, 1)
+            newest = await app.store.claims.history(rec.ledger_name, 1)
             last = newest[0] if newest else None
         found[rec.name] = ScheduleRuns(latest=latest, last=last)
     return found

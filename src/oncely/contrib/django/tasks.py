@@ -28,8 +28,7 @@ from ... import hooks, tracing
 from ...errors import BadInputError, ConfigError, LeaseLostError
 from ...model import TaskRecord, TaskState
 from ...retry import RetryPolicy
-from ...store import borrowed
-from ...store.task_store import AttemptGivenUp, Fence
+from ...store import AttemptGivenUp, Fence, borrowed
 from ...tasks import AckFor, check_json, report_enqueued
 from .connection import default_alias, lent
 

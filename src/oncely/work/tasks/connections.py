@@ -17,10 +17,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from ...store import Store
-from ...store.session import violation
-from ...store.task_pool import TaskPool
-from ...store.task_store import Fence, Leased, Settle, TaskTransaction, run_sync_attempt
+from ...store import Fence, Leased, Settle, Store, TaskPool, TaskTransaction, violation
+from ..sync_task import run_sync_attempt
 
 __all__ = ["Fence", "Leased", "Settle", "Store", "SyncCall", "WorkerConnections"]
 

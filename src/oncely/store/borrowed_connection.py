@@ -23,9 +23,9 @@ from sqlalchemy.pool import NullPool
 
 from ..identity import replica_id
 from ..model import Claim, TaskRecord
-from . import task_store
-from .claims import claim_in_plan, claim_plan, fate_plan, finish_plan, raise_translated
-from .dialect import ClaimOutcome, ClaimRequest, Dialect
+from . import task_queue
+from .claims import claim_in_plan, claim_plan, fate_plan, finish_plan
+from .dialect import ClaimOutcome, ClaimRequest, Dialect, raise_translated
 from .dialects import dialect_for
 from .migrations import apply_migrations
 from .plan import run
@@ -165,10 +165,10 @@ def finish(conn: Connection, job: str, key: str) -> None:
 
 
 def enqueue(conn: Connection, entries: Sequence[dict[str, Any]]) -> list[TaskRecord]:
-    """Insert tasks in the owner's open transaction (see `task_store.enqueue` for `entries`):
+    """Insert tasks in the owner's open transaction (see `task_queue.enqueue` for `entries`):
     they exist iff the owner commits."""
     with Session(bind=conn) as session:
-        return task_store.enqueue_sync(session, entries)
+        return task_queue.enqueue_sync(session, entries)
 
 
 def execute(conn: Connection, statement: Any, params: Any = None) -> Any:

@@ -14,10 +14,10 @@ import contextlib
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -30,35 +30,14 @@ from sqlalchemy.util import await_only
 from .. import clock, hooks
 from ..errors import JobTransactionError, OncelyError
 from ..model import TaskRecord, TaskState
-from . import tables, tasks_sql
-from .claims import raise_translated
-from .dialect import Dialect
+from . import tables, task_queue_sql
+from .database import Database
+from .dialect import Dialect, raise_translated
 from .dialects import dialect_for, driver_dialect
 from .plan import Plan, Step, run, run_async
-from .session import AttemptSession, end, hand_back, violation
-from .task_pool import TaskPool
-
-
-class Ledger(Protocol):
-    """What the task queue's statements need of the store they run on (the Store)."""
-
-    dialect: Dialect
-    engine: AsyncEngine
-
-    def translate(self) -> contextlib.AbstractContextManager[None]: ...
-
-    async def ensure_schema(self) -> None: ...
-
-    @property
-    def has_task_errors(self) -> bool: ...
-
-    @property
-    def has_ack_function(self) -> bool: ...
-
-    async def _read(self, stmt: Any) -> list[Any]: ...
-
-    @property
-    def sync_sessions(self) -> Any: ...
+from .rows import record
+from .session import AttemptSession, end, take_over, violation
+from .task_connections import TaskPool
 
 
 @dataclass(frozen=True)
@@ -78,30 +57,7 @@ class Leased:
     at once; a task leased ahead is counted when its body starts (`begin_attempts`)."""
 
 
-def record(row: Any, *, duplicate: bool = False) -> TaskRecord:
-    """A task row as a TaskRecord."""
-    return TaskRecord(
-        id=row.id,
-        task=row.task,
-        queue=row.queue,
-        args=row.args,
-        state=TaskState(row.state),
-        attempt=row.attempt,
-        run_at=row.run_at,
-        created_at=row.created_at,
-        idempotency_key=row.idempotency_key,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        locked_by=row.locked_by,
-        lease_expires_at=row.lease_expires_at,
-        error=row.error,
-        duplicate=duplicate,
-        priority=row.priority,
-        result=None if row.result is None else json.loads(row.result),
-    )
-
-
-_LIMITS = [(c, pt) for c, pt in tasks_sql.LIMIT_PARAMS.items() if c != "priority"]
+_LIMITS = [(c, pt) for c, pt in task_queue_sql.LIMIT_PARAMS.items() if c != "priority"]
 
 
 def _params(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,7 +178,7 @@ def _enqueue_plan(dialect: Dialect, entries: Sequence[dict[str, Any]]) -> Plan[l
             inserted += (yield step).all()
         existing: list[Any] = []
         for task, keys in _missing(entries, inserted).items():
-            existing += (yield tasks_sql.by_keys(task, keys), None).all()
+            existing += (yield task_queue_sql.by_keys(task, keys), None).all()
     except DBAPIError as exc:
         raise_translated(dialect, exc)
     return _merge(entries, inserted, existing)
@@ -381,9 +337,9 @@ class TaskTransaction:
             await session.flush()  # the task's own work: an error here is the task's
         if not self.touched:
             return None
-        hand_back(sync)
+        take_over(sync)
         item = self.item
-        with self.tasks.store.translate():
+        with self.tasks.db.translate():
             if self._driver is not None and result is None:
                 hooks.before_commit(item.task, str(item.id))
                 # A task waits for a connection: its transaction begins with this COMMIT.
@@ -393,7 +349,7 @@ class TaskTransaction:
                     item.id,
                     item.token,
                     begin_next=begin_next,
-                    function=self.tasks.store.has_ack_function,
+                    function=self.tasks.db.has_ack_function,
                 )
                 self._next_begun = acked and begin_next and self._driver.is_in_transaction()
                 return acked
@@ -410,7 +366,7 @@ class TaskTransaction:
     async def close(self) -> None:
         """Roll back what did not commit and give the connection back to the pool."""
         sync = self.session.sync_session
-        hand_back(sync)
+        take_over(sync)
         handed = False
         try:
             if self._next_begun and self._conn is not None:
@@ -451,54 +407,6 @@ class AttemptGivenUp(Exception):
     """A sync task returned after its attempt was given up: rolled back, nothing committed."""
 
 
-def run_sync_attempt(
-    tasks: TaskStore,
-    func: Any,
-    item: Leased,
-    fence: Fence,
-    encode: Callable[[Any], str | None],
-    *,
-    eager: bool = False,
-) -> tuple[bool | None, str | None]:
-    """Run a plain `def` task in this (worker) thread, in its own transaction on a
-    synchronous session; (True if its work and ack committed, False if its lease was lost,
-    None if it made no statement: its ack is then the worker's to write; its return value
-    as `encode` made it JSON text, stored with the success)."""
-    store = tasks.store
-    sessions = store.sync_sessions
-    options = tasks.dialect.task_options(eager=eager)
-    touched: list[bool] = []
-    session = sessions()
-    if options:
-        session.bind = session.get_bind().execution_options(**options)
-    event.listen(session, "after_begin", lambda *_: touched.append(True))
-    try:
-        result = encode(func(session, **item.args))
-        if session.new or session.dirty or session.deleted:
-            session.flush()
-        what = violation(session)
-        if what is not None:
-            raise JobTransactionError(f"the task called {what}() on oncely's session")
-        if not touched:
-            return None, result
-        hand_back(session)
-        with store.translate(), fence.lock:
-            if fence.closed:
-                session.rollback()
-                raise AttemptGivenUp("the attempt was given up before it could commit")
-            if session.execute(*tasks.ack_one(item, result)).first() is None:
-                session.rollback()
-                return False, result
-            hooks.before_commit(item.task, str(item.id))
-            session.commit()
-            return True, result
-    finally:
-        hand_back(session)
-        with contextlib.suppress(Exception):
-            session.close()
-        end(session)
-
-
 def _groups(rows: list[Any], limit: str, key: str) -> dict[tuple[str, str], list[Any]]:
     """The leased rows with a `limit`, by group (task, key), each group in lease order."""
     groups: dict[tuple[str, str], list[Any]] = {}
@@ -529,12 +437,12 @@ def _beyond(
 class TaskStore:
     """Leases, batches and the operator's views of the oncely_tasks table."""
 
-    def __init__(self, store: Ledger) -> None:
-        self.store = store
-        self.dialect = store.dialect
-        self.ack_statement = tasks_sql.ack(self.dialect.now_sql())
-        self.ack_result_statement = tasks_sql.ack_with_result(self.dialect.now_sql())
-        self.begin_statement = tasks_sql.begin_attempt(self.dialect.now_sql())
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.dialect = db.dialect
+        self.ack_statement = task_queue_sql.ack(self.dialect.now_sql())
+        self.ack_result_statement = task_queue_sql.ack_with_result(self.dialect.now_sql())
+        self.begin_statement = task_queue_sql.begin_attempt(self.dialect.now_sql())
         self._fetch: dict[tuple[tuple[str, ...] | None, float, tuple[str, ...] | None], Any] = {}
 
     def _fetch_statement(
@@ -554,7 +462,7 @@ class TaskStore:
                 if self.dialect.database_clock
                 else sa.bindparam("p_until", type_=tables.tasks.c.lease_expires_at.type)
             )
-            stmt = self._fetch[key] = tasks_sql.fetch(
+            stmt = self._fetch[key] = task_queue_sql.fetch(
                 queues,
                 self.dialect.now_sql(),
                 until,
@@ -582,7 +490,7 @@ class TaskStore:
         `start` (default: all) count now; the others' when their bodies start."""
         params: dict[str, Any] = {"p_limit": limit, "p_token": token, "p_by": by}
         params["p_start"] = limit if start is None else start
-        params["p_scan"] = 2 * limit + tasks_sql.SCAN
+        params["p_scan"] = 2 * limit + task_queue_sql.SCAN
         params.update(self.dialect.now_params())
         if not self.dialect.database_clock:
             params["p_until"] = self.dialect.after(lease)
@@ -619,13 +527,14 @@ class TaskStore:
             for counted in (True, False):
                 ids = [r.id for r in rows if r.id in over and (r.started_at is not None) is counted]
                 if ids:
-                    await conn.execute(tasks_sql.unlease(ids, token, counted=counted))
+                    await conn.execute(task_queue_sql.unlease(ids, token, counted=counted))
             rows = [r for r in rows if r.id not in over]
         rated = [r for r in rows if r.rate is not None]
         if rated:
             groups = sorted({(r.task, r.rate_key) for r in rated})
             await conn.execute(
-                tasks_sql.forget_starts(groups, self.dialect.now_sql()), self.dialect.now_params()
+                task_queue_sql.forget_starts(groups, self.dialect.now_sql()),
+                self.dialect.now_params(),
             )
             starts = [
                 {
@@ -636,7 +545,7 @@ class TaskStore:
                 }
                 for r in rated
             ]
-            await conn.execute(tasks_sql.record_starts(), starts)
+            await conn.execute(task_queue_sql.record_starts(), starts)
         return rows
 
     async def _over(self, conn: AsyncConnection, rows: list[Any]) -> set[int]:
@@ -644,13 +553,13 @@ class TaskStore:
         over: set[int] = set()
         concurrent = _groups(rows, "concurrency", "concurrency_key")
         if concurrent:
-            stmt = tasks_sql.live_leases(sorted(concurrent), self.dialect.now())
+            stmt = task_queue_sql.live_leases(sorted(concurrent), self.dialect.now())
             counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
             over |= _beyond(concurrent, counts, "concurrency", own_counted=True)
         rated = _groups(rows, "rate", "rate_key")
         if rated:
             earliest = min(r.leased_at for r in rows if r.rate is not None)
-            stmt = tasks_sql.recent_starts(sorted(rated), earliest)
+            stmt = task_queue_sql.recent_starts(sorted(rated), earliest)
             counts = {(t, k): n for t, k, n in await conn.execute(stmt)}
             over |= _beyond(rated, counts, "rate", own_counted=False)
         return over
@@ -693,7 +602,7 @@ class TaskStore:
     ) -> list[Leased]:
         """Lease up to `limit` due tasks in a transaction of their own (the attempts of the
         first `start`, default all, count now)."""
-        with self.store.translate():
+        with self.db.translate():
             async with conn.begin():
                 return await self.lease(conn, queues, limit, token, by, lease, names, start)
 
@@ -702,7 +611,7 @@ class TaskStore:
         statement built once (on asyncpg, on the driver), several with one statement per
         lease token; {id: attempt} of those whose lease is still this worker's."""
         counted: dict[int, int] = {}
-        with self.store.translate():
+        with self.db.translate():
             async with engine.connect() as conn:
                 if len(leased) == 1:
                     (item,) = leased
@@ -715,7 +624,7 @@ class TaskStore:
                     return {r.id: r.attempt for r in rows}
                 async with conn.begin():
                     for token, ids in _by_token(leased).items():
-                        stmt = tasks_sql.begin_attempts(ids, token, self.dialect.now())
+                        stmt = task_queue_sql.begin_attempts(ids, token, self.dialect.now())
                         counted.update((r.id, r.attempt) for r in await conn.execute(stmt))
         return counted
 
@@ -725,12 +634,12 @@ class TaskStore:
         """Hand back tasks this worker cannot run, uncounted, due again in `wait` seconds
         with `reason` as their error; the ids handed back."""
         done: set[int] = set()
-        with self.store.translate():
+        with self.db.translate():
             async with engine.begin() as conn:
                 for counted in (True, False):
                     group = [item for item in leased if item.counted is counted]
                     for token, ids in _by_token(group).items():
-                        stmt = tasks_sql.turn_away(
+                        stmt = task_queue_sql.turn_away(
                             ids, token, self.dialect.after(wait), reason, counted=counted
                         )
                         done.update(r.id for r in await conn.execute(stmt))
@@ -750,10 +659,10 @@ class TaskStore:
         those seconds, after the last lease looked), and (with `held`) whether a task that a
         limit holds back is due already; by database time, in one statement."""
         dialect = self.dialect
-        stmt = tasks_sql.next_due(
+        stmt = task_queue_sql.next_due(
             dialect.scan_now(), dialect.scan_ago(since), queues, names, held=held
         )
-        with self.store.translate():
+        with self.db.translate():
             row = (await conn.execute(stmt, self.dialect.now_params())).one()
         later = None if row.next_at is None else (row.next_at - row.now).total_seconds()
         return later, bool(row.held) if held else False
@@ -768,6 +677,50 @@ class TaskStore:
             }
         params = {"p_id": item.id, "p_token": item.token, "p_result": result}
         return self.ack_result_statement, {**params, **self.dialect.now_params()}
+
+    def sync_session(self, *, eager: bool = False) -> tuple[Session, list[bool]]:
+        """A session on the synchronous engine for one plain `def` task's transaction, and
+        a list that gets an entry when the session begins one (the task made a statement)."""
+        sessions = self.db.sync_sessions
+        options = self.dialect.task_options(eager=eager)
+        touched: list[bool] = []
+        session = sessions()
+        if options:
+            session.bind = session.get_bind().execution_options(**options)
+        event.listen(session, "after_begin", lambda *_: touched.append(True))
+        return session, touched
+
+    def commit_sync(
+        self, session: Session, touched: list[bool], item: Leased, fence: Fence, result: str | None
+    ) -> bool | None:
+        """Commit a plain `def` task's work with its ack (the task's return value as JSON
+        text, `result`), unless its fence closed: True if they committed, False if its lease
+        was lost, None if it made no statement (its ack is then the worker's to write)."""
+        if session.new or session.dirty or session.deleted:
+            session.flush()
+        what = violation(session)
+        if what is not None:
+            raise JobTransactionError(f"the task called {what}() on oncely's session")
+        if not touched:
+            return None
+        take_over(session)
+        with self.db.translate(), fence.lock:
+            if fence.closed:
+                session.rollback()
+                raise AttemptGivenUp("the attempt was given up before it could commit")
+            if session.execute(*self.ack_one(item, result)).first() is None:
+                session.rollback()
+                return False
+            hooks.before_commit(item.task, str(item.id))
+            session.commit()
+            return True
+
+    def close_sync(self, session: Session) -> None:
+        """Close a plain `def` task's session (its transaction rolled back if still open)."""
+        take_over(session)
+        with contextlib.suppress(Exception):
+            session.close()
+        end(session)
 
     def transaction(self, pool: TaskPool, item: Leased, *, eager: bool = False) -> TaskTransaction:
         """A leased task's own transaction, on a worker's pool (see TaskTransaction)."""
@@ -784,8 +737,8 @@ class TaskStore:
         results = {s.item.id: s.result for s in settles if s.result is not None}
         for item in acks:  # the seam between work and commit: here, before the ack's statement
             hooks.before_commit(item.task, str(item.id))  # (which commits itself in autocommit)
-        with self.store.translate():
-            async with (engine or self.store.engine).begin() as conn:
+        with self.db.translate():
+            async with (engine or self.db.engine).begin() as conn:
                 done = await self.ack(conn, acks, results)
                 done |= await self._record_outcomes(conn, settles)
         return done
@@ -797,17 +750,17 @@ class TaskStore:
         after them all in one executemany, in the same transaction; the ids written."""
         done: set[int] = set()
         kept: list[dict[str, Any]] = []
-        history = self.store.has_task_errors
+        history = self.db.has_task_errors
         now = self.dialect.now()
         for s in settles:
             if s.state is TaskState.SUCCEEDED:
                 continue
             run_at = self.dialect.after(s.wait) if s.wait is not None else None
-            stmt = tasks_sql.record_outcome(
+            stmt = task_queue_sql.record_outcome(
                 s.item.id, s.item.token, s.state.value, run_at, s.error, now
             )
             if history and s.kept and self.dialect.writes_in_with:
-                stmt = tasks_sql.record_outcome_and_error(stmt, s.error, now)
+                stmt = task_queue_sql.record_outcome_and_error(stmt, s.error, now)
                 if (await conn.execute(stmt)).first() is not None:
                     done.add(s.item.id)
                 continue
@@ -817,7 +770,7 @@ class TaskStore:
                 if history and s.kept:
                     kept.append(_error_row(s, row.locked_by))
         if kept:
-            await conn.execute(tasks_sql.record_errors(now), kept)
+            await conn.execute(task_queue_sql.record_errors(now), kept)
         return done
 
     async def heartbeat(
@@ -826,14 +779,14 @@ class TaskStore:
         """Extend the leases of tasks this worker holds; the ids whose lease is still ours."""
         if not leased:
             return set()
-        stmt = tasks_sql.heartbeat(
+        stmt = task_queue_sql.heartbeat(
             [t.id for t in leased],
             sorted({t.token for t in leased}),
             self.dialect.after(lease),
             self.dialect.now(),
         )
-        with self.store.translate():
-            async with (engine or self.store.engine).begin() as conn:
+        with self.db.translate():
+            async with (engine or self.db.engine).begin() as conn:
                 return {r.id for r in await conn.execute(stmt)}
 
     async def give_back(
@@ -845,14 +798,14 @@ class TaskStore:
     ) -> None:
         """Give leased tasks back at once, available to any worker; `started=False` (they
         never ran) does not count the attempt. (`release` is only ever a slot's claim.)"""
-        with self.store.translate():
-            async with (engine or self.store.engine).begin() as conn:
+        with self.db.translate():
+            async with (engine or self.db.engine).begin() as conn:
                 for counted in (True, False):
                     group = [item for item in leased if item.counted is counted]
                     keep = started or not counted
                     for token, ids in _by_token(group).items():
                         await conn.execute(
-                            tasks_sql.give_back(ids, token, self.dialect.now(), started=keep)
+                            task_queue_sql.give_back(ids, token, self.dialect.now(), started=keep)
                         )
                 await self.dialect.notify_tasks(conn)
 
@@ -862,12 +815,14 @@ class TaskStore:
         """Give back tasks whose attempts a shutdown cancelled: available at once, the attempt
         not counted, recorded as cancelled; (id, task, attempt) of each handed back."""
         handed: list[Any] = []
-        with self.store.translate():
-            async with (engine or self.store.engine).begin() as conn:
+        with self.db.translate():
+            async with (engine or self.db.engine).begin() as conn:
                 for counted in (True, False):
                     group = [item for item in leased if item.counted is counted]
                     for token, ids in _by_token(group).items():
-                        stmt = tasks_sql.hand_back(ids, token, self.dialect.now(), counted=counted)
+                        stmt = task_queue_sql.hand_back(
+                            ids, token, self.dialect.now(), counted=counted
+                        )
                         handed += list(await conn.execute(stmt))
                 if handed:
                     await self.dialect.notify_tasks(conn)
@@ -875,9 +830,9 @@ class TaskStore:
 
     async def rescue(self, limit: int = 1000, engine: AsyncEngine | None = None) -> list[Any]:
         """Make tasks with an expired lease available again; (id, task, attempt, locked_by)."""
-        with self.store.translate():
-            async with (engine or self.store.engine).begin() as conn:
-                rows = list(await conn.execute(tasks_sql.rescue(self.dialect.now(), limit)))
+        with self.db.translate():
+            async with (engine or self.db.engine).begin() as conn:
+                rows = list(await conn.execute(task_queue_sql.rescue(self.dialect.now(), limit)))
                 if rows:
                     await self.dialect.notify_tasks(conn)
                 return rows
@@ -892,9 +847,9 @@ class TaskStore:
         is: the worker runs, unlisted."""
         now = self.dialect.now()
         stmt = (
-            tasks_sql.worker_started(worker_id, json.dumps(sorted(names)), now)
+            task_queue_sql.worker_started(worker_id, json.dumps(sorted(names)), now)
             if first
-            else tasks_sql.worker_seen(worker_id, now)
+            else task_queue_sql.worker_seen(worker_id, now)
         )
         await self._quietly(engine, stmt)
 
@@ -903,9 +858,9 @@ class TaskStore:
         many they are), by id; (0, 1) if it is not among them (not announced yet, or a
         database without the table)."""
         try:
-            with self.store.translate():
+            with self.db.translate():
                 async with engine.connect() as conn:
-                    stmt = tasks_sql.live_worker_ids(self.dialect.after(-within))
+                    stmt = task_queue_sql.live_worker_ids(self.dialect.after(-within))
                     ids = list((await conn.execute(stmt)).scalars())
         except OncelyError as exc:
             if not self.dialect.is_missing_table(exc.__cause__ or exc):
@@ -915,11 +870,11 @@ class TaskStore:
 
     async def retire(self, worker_id: str, engine: AsyncEngine) -> None:
         """A worker stops: its row goes."""
-        await self._quietly(engine, tasks_sql.worker_gone(worker_id))
+        await self._quietly(engine, task_queue_sql.worker_gone(worker_id))
 
     async def _quietly(self, engine: AsyncEngine, stmt: Any) -> None:
         try:
-            with self.store.translate():
+            with self.db.translate():
                 async with engine.begin() as conn:
                     await conn.execute(stmt)
         except OncelyError as exc:
@@ -931,7 +886,7 @@ class TaskStore:
         leases, with how many of each wait, while such workers run; None when none does (or
         the database has no workers table: schema 3)."""
         try:
-            rows = await self.store._read(tasks_sql.live_workers(self.dialect.after(-within)))
+            rows = await self.db.read(task_queue_sql.live_workers(self.dialect.after(-within)))
         except OncelyError as exc:
             if self.dialect.is_missing_table(exc.__cause__ or exc):
                 return None
@@ -941,7 +896,7 @@ class TaskStore:
         live: set[str] = set()
         for (names,) in rows:
             live.update(json.loads(names))
-        waiting = await self.store._read(tasks_sql.waiting_by_task())
+        waiting = await self.db.read(task_queue_sql.waiting_by_task())
         return {name: int(n) for name, n in waiting if name not in live}
 
     # -- the operator's views -----------------------------------------------------------
@@ -950,43 +905,45 @@ class TaskStore:
         self, state: TaskState | None, task: str | None, limit: int
     ) -> list[TaskRecord]:
         """Tasks newest first."""
-        stmt = tasks_sql.listing(state.value if state else None, task, limit)
-        return [record(r) for r in await self.store._read(stmt)]
+        stmt = task_queue_sql.listing(state.value if state else None, task, limit)
+        return [record(r) for r in await self.db.read(stmt)]
 
     async def get(self, task_id: int) -> TaskRecord | None:
         """One task, or None."""
-        rows = await self.store._read(tasks_sql.get(task_id))
+        rows = await self.db.read(task_queue_sql.get(task_id))
         return record(rows[0]) if rows else None
 
     async def _change(self, stmt: Any) -> TaskRecord | None:
-        await self.store.ensure_schema()
-        with self.store.translate():
-            async with self.store.engine.begin() as conn:
+        await self.db.ensure_schema()
+        with self.db.translate():
+            async with self.db.engine.begin() as conn:
                 row = (await conn.execute(stmt)).first()
         return record(row) if row is not None else None
 
     async def retry_now(self, task_id: int) -> TaskRecord | None:
         """Make a dead, discarded or waiting task run now; None if it is in no such state."""
-        return await self._change(tasks_sql.retry_now(task_id, self.dialect.now()))
+        return await self._change(task_queue_sql.retry_now(task_id, self.dialect.now()))
 
     async def discard(self, task_id: int) -> TaskRecord | None:
         """Discard a task that has not succeeded; None if it is in no such state."""
-        return await self._change(tasks_sql.discard(task_id, self.dialect.now()))
+        return await self._change(task_queue_sql.discard(task_id, self.dialect.now()))
 
-    async def prune(self, before: datetime, batch: int = tasks_sql.PRUNE_BATCH) -> tuple[int, int]:
+    async def prune(
+        self, before: datetime, batch: int = task_queue_sql.PRUNE_BATCH
+    ) -> tuple[int, int]:
         """Delete tasks finished before `before` and claims made before it; (tasks, claims).
 
         In batches of at most `batch` rows, oldest first, each in a transaction of its own:
         workers and writers never wait behind a prune for longer than one batch, and an
         interrupted prune has deleted whole batches only (running it again goes on from there).
         """
-        await self.store.ensure_schema()
+        await self.db.ensure_schema()
         pruned_tasks = 0
-        for state in tasks_sql.FINISHED:
+        for state in task_queue_sql.FINISHED:
             pruned_tasks += await self._delete_batches(
-                tasks_sql.prune_tasks(state, before, batch), with_errors=True
+                task_queue_sql.prune_tasks(state, before, batch), with_errors=True
             )
-        pruned_claims = await self._delete_batches(tasks_sql.prune_claims(before, batch))
+        pruned_claims = await self._delete_batches(task_queue_sql.prune_claims(before, batch))
         return pruned_tasks, pruned_claims
 
     async def _delete_batches(self, stmt: Any, *, with_errors: bool = False) -> int:
@@ -996,11 +953,11 @@ class TaskStore:
         the deleted tasks' attempt errors go in the same transaction (schema 11)."""
         total, since = 0, _EARLIEST
         while True:
-            with self.store.translate():
-                async with self.store.engine.begin() as conn:
+            with self.db.translate():
+                async with self.db.engine.begin() as conn:
                     rows = (await conn.execute(stmt, {"p_since": since})).all()
-                    if rows and with_errors and self.store.has_task_errors:
-                        await conn.execute(tasks_sql.forget_errors([r[1] for r in rows]))
+                    if rows and with_errors and self.db.has_task_errors:
+                        await conn.execute(task_queue_sql.forget_errors([r[1] for r in rows]))
             times = [r[0] for r in rows]
             if not times:
                 return total
@@ -1009,11 +966,11 @@ class TaskStore:
 
     async def count(self) -> dict[str, int]:
         """How many tasks are in each state."""
-        return {r[0]: int(r[1]) for r in await self.store._read(tasks_sql.counts())}
+        return {r[0]: int(r[1]) for r in await self.db.read(task_queue_sql.counts())}
 
     async def count_by_task(self) -> dict[str, dict[str, int]]:
         """For each task name that has rows: how many are in each state."""
         found: dict[str, dict[str, int]] = {}
-        for name, state, n in await self.store._read(tasks_sql.counts_by_task()):
+        for name, state, n in await self.db.read(task_queue_sql.counts_by_task()):
             found.setdefault(name, {})[state] = int(n)
         return found

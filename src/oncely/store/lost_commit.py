@@ -14,25 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from . import sql, tasks_sql
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
-    from .dialect import Dialect
-
-
-class Store(Protocol):
-    """What a read-back needs of the store: its engines and its dialect (a Protocol, so that
-    this module and the store that calls it do not import each other)."""
-
-    engine: AsyncEngine
-    dialect: Dialect
-
-    def dedicated_engine(self) -> AsyncEngine: ...
-
+from . import sql, task_queue_sql
+from .database import Database
 
 CHECK_TRIES = 3
 """Tries to reach the database (a fresh connection each) before answering None."""
@@ -45,7 +30,7 @@ XACT_POLL_S = 0.1
 """The pause between two looks at a transaction still in progress."""
 
 
-async def _read_back(store: Store, stmt: Any) -> tuple[bool, Any]:
+async def _read_back(store: Database, stmt: Any) -> tuple[bool, Any]:
     """(True, the first row of `stmt` or None) read on a fresh connection; (False, None) if
     the database could not be read in CHECK_TRIES tries."""
     # Not a pooled connection: one opened before the loss (an attempt record's) may read
@@ -68,7 +53,7 @@ async def _read_back(store: Store, stmt: Any) -> tuple[bool, Any]:
             await engine.dispose()
 
 
-async def xact_landed(store: Store, xid: int) -> bool | None:
+async def xact_landed(store: Database, xid: int) -> bool | None:
     """After a lost COMMIT of transaction `xid`: whether it committed, waiting (up to
     XACT_WAIT_S) while the server still runs it; None if that cannot be learned."""
     engine = store.dedicated_engine()
@@ -99,7 +84,7 @@ async def xact_landed(store: Store, xid: int) -> bool | None:
 
 
 async def claim_landed(
-    store: Store, job: str, key: str, claimed_by: str, xid: int | None = None
+    store: Database, job: str, key: str, claimed_by: str, xid: int | None = None
 ) -> bool | None:
     """After a lost COMMIT of an attempt at (job, key) by `claimed_by` in transaction `xid`
     (if its id was read): whether its claim committed, or None if that cannot be learned."""
@@ -113,7 +98,7 @@ async def claim_landed(
     return row is not None and row.claimed_by == claimed_by
 
 
-async def task_landed(store: Store, task_id: int, xid: int | None = None) -> bool | None:
+async def task_landed(store: Database, task_id: int, xid: int | None = None) -> bool | None:
     """After a lost COMMIT of an enqueue (in transaction `xid`, if its id was read): whether
     the task row it inserted (by its id, read back from the INSERT) committed, or None if
     that cannot be learned."""
@@ -121,7 +106,7 @@ async def task_landed(store: Store, task_id: int, xid: int | None = None) -> boo
         landed = await xact_landed(store, xid)
         if landed is not None:
             return landed
-    read, row = await _read_back(store, tasks_sql.get(task_id))
+    read, row = await _read_back(store, task_queue_sql.get(task_id))
     if not read:
         return None
     return row is not None

@@ -90,7 +90,7 @@ class TaskPool:
         try:
             return await self._reuse() or await self.engine.connect()
         except BaseException:
-            self._release()
+            self._free_place()
             raise
 
     async def _reuse(self) -> AsyncConnection | None:
@@ -101,7 +101,7 @@ class TaskPool:
             await _close(conn)
         return None
 
-    def _release(self) -> None:
+    def _free_place(self) -> None:
         """A place is free: to the first task in line, or back to the pool."""
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -114,9 +114,9 @@ class TaskPool:
         """What a cancelled waiter was given: a place to the next one, a begun connection
         to the next one or, with no one left in line, closed (its transaction with it)."""
         if handed is None:
-            self._release()
+            self._free_place()
         elif not self.hand_off(handed):
-            self._release()
+            self._free_place()
             closing = asyncio.get_running_loop().create_task(_close(handed))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
@@ -140,7 +140,7 @@ class TaskPool:
             else:
                 await _close(conn)
         finally:
-            self._release()
+            self._free_place()
 
     async def trim(self, idle_s: float) -> int:
         """Close the connections idle for more than `idle_s` seconds (a burst is over: the

@@ -550,6 +550,23 @@ def _live(now: Any) -> Any:
     return sa.or_(tasks.c.concurrency.is_(None), tasks.c.lease_expires_at > now)
 
 
+def _ack(ids: Any, now: Any, **values: Any) -> Any:
+    """The ack: mark the leased tasks `ids` picks succeeded iff their lease (:p_token) is
+    still ours (and, for a task with a concurrency limit, has not run out). Every ack is
+    built from it: the batch's, one task's with its result, and Postgres's ack on the driver
+    (postgres.TASK_ACK_AND_COMMIT and its function, rendered from `ack_one`)."""
+    return (
+        sa.update(tasks)
+        .where(
+            ids,
+            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
+            tasks.c.state == RUNNING,
+            _live(now),
+        )
+        .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None, **values)
+    )
+
+
 def ack(now: Any) -> Any:
     """Mark the leased tasks :p_ids succeeded iff their lease (:p_token) is still ours;
     RETURNING the ids that were.
@@ -559,38 +576,25 @@ def ack(now: Any) -> Any:
     concurrency limit whose lease ran out (its group's slot was free from then on: another
     attempt may be running). Built once.
     """
-    return (
-        sa.update(tasks)
-        .where(
-            tasks.c.id.in_(sa.bindparam("p_ids", expanding=True)),
-            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
-            tasks.c.state == RUNNING,
-            _live(now),
-        )
-        .values(state=SUCCEEDED, finished_at=now, lease_expires_at=None)
-        .returning(tasks.c.id)
-    )
+    return _ack(tasks.c.id.in_(sa.bindparam("p_ids", expanding=True)), now).returning(tasks.c.id)
 
 
 def ack_with_result(now: Any) -> Any:
     """Mark one leased task (:p_id) succeeded with its return value (:p_result, its JSON
     text, bound) iff its lease (:p_token) is still ours; RETURNING its id if it was. Built
     once; the tasks that returned None take `ack`."""
-    return (
-        sa.update(tasks)
-        .where(
-            tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
-            tasks.c.lease_token == sa.bindparam("p_token", type_=sa.String()),
-            tasks.c.state == RUNNING,
-            _live(now),
-        )
-        .values(
-            state=SUCCEEDED,
-            finished_at=now,
-            lease_expires_at=None,
-            result=sa.bindparam("p_result", type_=sa.Text()),
-        )
-        .returning(tasks.c.id)
+    return _ack(
+        tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type),
+        now,
+        result=sa.bindparam("p_result", type_=sa.Text()),
+    ).returning(tasks.c.id)
+
+
+def ack_one(now: Any) -> Any:
+    """Mark one leased task (:p_id) succeeded iff its lease (:p_token) is still ours, its
+    constants in its text: what Postgres's ack on the driver is rendered from."""
+    return with_constants_inline(
+        _ack(tasks.c.id == sa.bindparam("p_id", type_=tasks.c.id.type), now)
     )
 
 
