@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import PG_ADMIN_URL, ROOT
+from tests.conftest import PG_ADMIN_URL
+from tests.support import ROOT
 
 BENCH = str(ROOT / "bench" / "schedules_scale.py")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from shop_helpers import backdate_schedule, count, manage
-from tests.conftest import IN_CI
+from tests.support import IN_CI
 
 CHROMIUM = Path(os.environ.get("ONCELY_TEST_CHROMIUM", "/usr/bin/chromium"))
 PASSWORD = "a-browser-pw-1"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from tests.reliability.helpers import engine_for, snapshot
+from tests.support import engine_for, snapshot
 
 from oncely import Oncely
 
@@ -70,16 +70,6 @@ async def until(
         if found:
             return
         await asyncio.sleep(0.05)  # a poll's pause, with a deadline
-    raise AssertionError(f"not within {limit}s: {what}")
-
-
-def wait_until(check: Callable[[], object], what: str, limit: float = 60.0) -> None:
-    """Poll `check` until it holds (from a test's thread), failing after `limit` seconds."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)  # a poll's pause, with a deadline
     raise AssertionError(f"not within {limit}s: {what}")
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import ROOT, _reset_postgres
-from tests.schedules.conftest import APP, fresh_app, migrate, rows, wait_until
+from tests.conftest import _reset_postgres
+from tests.schedules.conftest import APP, fresh_app, migrate, rows
+from tests.support import ROOT, wait_until
 
 POLL = 1.0
 """The workers' default schedule_poll: how soon a change reaches them."""

@@ -8,7 +8,8 @@ import re
 from typing import Any
 
 import pytest
-from tests.web.browser.conftest import Site, login, wait_until
+from tests.support import wait_until
+from tests.web.browser.conftest import Site, login
 from tests.web.browser.test_browser_dashboard import utc
 
 pytestmark = pytest.mark.timeout(240)
@@ -115,7 +116,7 @@ def test_the_due_slot_run_twice_from_the_browser_runs_once(site: Site, page: Any
     submit(page, form.get_by_test_id("add"))
     assert page.url == f"{site.url}/schedules/crm-sync"
     first = utc(site.scalar("SELECT next_slot FROM oncely_schedules WHERE name = 'crm-sync'"))
-    wait_until(lambda: site.db_now() >= first, 40, "the first slot of crm-sync comes due")
+    wait_until(lambda: site.db_now() >= first, "the first slot of crm-sync comes due", deadline=40)
 
     first_run, second_run = run_due(page), run_due(page)
     slots = [re.findall(r" slot (\S+): (.*)", text)[0] for text in (first_run, second_run)]
