@@ -235,6 +235,10 @@ class Dialect(abc.ABC):
         """Schema 12's statements: the NOTIFY trigger names the enqueueing transaction."""
         return ()
 
+    def notify_setting_ddl(self) -> Sequence[str]:
+        """Schema 17's statements: the NOTIFY trigger honours the `oncely.notify` setting."""
+        return ()
+
     def ack_ddl(self) -> Sequence[str]:
         """Schema 13's statements: a task's ack as a function the server plans once per
         connection (see `ack_and_commit`)."""

@@ -172,6 +172,14 @@ def _v16_jobs(conn: Connection) -> None:
     jobs.create(conn, checkfirst=True)
 
 
+def _v17_notify_setting(conn: Connection) -> None:
+    # The NOTIFY trigger's function only (Postgres): it sends nothing where the server setting
+    # `oncely.notify` is `off`. An older oncely runs on v17 (while the setting is unset, the
+    # trigger sends as before; set, an older worker finds new tasks at its listening look).
+    for statement in dialect_for(conn.dialect.name).notify_setting_ddl():
+        conn.exec_driver_sql(statement)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -194,6 +202,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
         "oncely_jobs: when each job first appeared (what `oncely verify` dates it from)",
         _v16_jobs,
     ),
+    (17, "the NOTIFY trigger sends nothing where `oncely.notify` is off", _v17_notify_setting),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
