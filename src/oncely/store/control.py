@@ -28,6 +28,7 @@ from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
 from . import sql, tasks_sql
 from .claims import claim_from_row
 from .dialect import Dialect
+from .session import pause_read
 from .task_store import TaskStore, record
 
 CANCEL_BUSY_MS = 2000
@@ -516,8 +517,8 @@ class Control:
     async def pause_in(self, session: AsyncSession, job: str, slot: datetime) -> Pause | None:
         """The pause of a job that holds the slot's time (paused_at <= slot < resumed_at, or
         still open), read in an attempt's open transaction."""
-        if not self.store.has_control:
-            return None
+        if not self.store.has_control or pause_read(session, job, slot) is False:
+            return None  # (or the attempt's claim read that none holds it)
         with self.store.translate():
             row = (await session.execute(sql.pause_covering(job, slot))).first()
         return _pause(row) if row is not None else None

@@ -39,7 +39,7 @@ from .dialect import (
     marks_verdict,
 )
 from .plan import Plan, Step, run_async
-from .session import attempt_driver, mark_claimed
+from .session import attempt_driver, mark_claimed, mark_pause_read
 from .tables import UTCDateTime
 
 # The migration lock's two keys ("once", 0). Slot and job locks use the two-key form too,
@@ -138,7 +138,11 @@ def _on_checkout(after: float, dbapi_connection: Any, record: Any, _proxy: Any) 
 # on oncely's side; the job's session is a plain AsyncSession.
 
 # LOCK_AND_CLAIM, for the driver; it also names the claimed slot in two transaction-local
-# settings, so the finish below is a constant string that can travel with the COMMIT.
+# settings, so the finish below is a constant string that can travel with the COMMIT, and
+# (with $10) reads whether a pause of the job holds the slot's time (`sql.pause_covering`):
+# `app.run` then sends no statement of its own for it. The same snapshot as a read after the
+# lock would have, but for the transactions that commit in between: a pause has no lock to
+# order it with an attempt (docs/design/fate.md: a pause whose commit lands late).
 DRIVER_LOCK_AND_CLAIM = """
     WITH lock AS (
         SELECT pg_try_advisory_xact_lock($1, $2) AS got
@@ -156,7 +160,12 @@ DRIVER_LOCK_AND_CLAIM = """
            (SELECT count(*) FROM ins) AS claimed,
            CASE WHEN (SELECT count(*) FROM ins) > 0 THEN txid_current() END AS xid,
            set_config('oncely.job', $6::varchar, true) AS claimed_job,
-           set_config('oncely.key', $7::varchar, true) AS claimed_key
+           set_config('oncely.key', $7::varchar, true) AS claimed_key,
+           CASE WHEN $10::boolean THEN EXISTS (
+               SELECT 1 FROM oncely_pauses WHERE job = $6::varchar
+               AND paused_at <= $8::timestamptz
+               AND (resumed_at IS NULL OR resumed_at > $8::timestamptz)
+           ) END AS paused
 """
 
 # Stamp the end of the slot claimed above and commit, in one message (one round trip). A
@@ -428,9 +437,12 @@ class PostgresDialect(Dialect):
             key,
             request.scheduled_for,
             request.claimed_by,
+            request.check_pause,
         )
         if row["claimed"]:
             mark_claimed(session, job, key, row["xid"])
+        if row["paused"] is not None:
+            mark_pause_read(session, job, request.scheduled_for, row["paused"])
         if not row["got"]:
             return ClaimOutcome.BUSY
         if not row["job_free"]:
