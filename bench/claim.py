@@ -8,12 +8,16 @@ oncely code, so the difference between a floor and an oncely case is oncely's ow
 Postgres cases:
   raw asyncpg            BEGIN; INSERT … ON CONFLICT DO NOTHING RETURNING 1; COMMIT
   claim_run on asyncpg   BEGIN; oncely.claim_run(conn, job, key); COMMIT (bare asyncpg conn)
-  raw asyncpg, run SQL   what app.run sends: BEGIN; lock-and-claim CTE; UPDATE finished_at + COMMIT
+  raw asyncpg, run SQL   what app.run sends: BEGIN; lock-and-claim CTE (pause read inside);
+                         fate check + SAVEPOINT; UPDATE finished_at + COMMIT
   SA Core connection     engine.begin() + conn.execute(text(INSERT …))   (no ORM, no oncely)
   SA AsyncSession        session.begin() + session.execute(text(INSERT …)) (no oncely)
   oncely.claim_run       session.begin() + oncely.claim_run(session, job, key)
   SA, app.run's SQL      app.run's statements via AsyncSession on oncely's engine (no oncely)
   oncely app.run         app.run of a no-op job, every(seconds=1), `now` +1 s each time
+  claim_run, app engine  claim_run on an AsyncSession of the app's own engine
+  oncely app.effect      `async with app.effect(key)` of a no-op body (vs claim_run above)
+  oncely app.once        an `app.once` handler of a no-op body (vs claim_run above)
 SQLite: the same, with stdlib sqlite3 (WAL) and raw aiosqlite as the driver floors.
 
 Cases run round-robin for --rounds rounds of --seconds each (or --n claims, whichever comes
@@ -102,6 +106,8 @@ class Case:
     name: str
     step: Step
     job: str
+    versus: str | None = None
+    """Another case's name this one is also compared with, round by round."""
     rates: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     claims: int = 0
@@ -160,6 +166,38 @@ def noop_app(url: str) -> tuple[Oncely, Step]:
             raise RuntimeError(f"app.run came back {result.status}, expected ran")
 
     return app, step
+
+
+def effect_cases(app: Oncely, prefix: str) -> list[Case]:
+    """`app.effect` and `app.once` of a no-op body, and `claim_run` on an AsyncSession of the
+    same engine (oncely's own, as an app built from a URL has it): what the two add to it."""
+    sessions = async_sessionmaker(app.store.engine, expire_on_commit=False)
+    scope = f"{prefix}_bench"
+    versus = "oncely.claim_run on the app's engine"
+
+    async def claim(key: str) -> None:
+        async with sessions() as s, s.begin():
+            if not await oncely.claim_run(s, f"@{scope}_claim", key):
+                raise RuntimeError("claim_run lost a fresh key")
+
+    async def effect(key: str) -> None:
+        async with app.effect(key, scope=f"{scope}_effect") as db:
+            if db is None:
+                raise RuntimeError("app.effect skipped a fresh key")
+
+    @app.once(lambda key: key, scope=f"{scope}_once")
+    async def handler(db: Any, key: str) -> None:
+        return None
+
+    async def once(key: str) -> None:
+        if not (await handler(key)).ran:
+            raise RuntimeError("app.once skipped a fresh key")
+
+    return [
+        Case(versus, claim, f"@{scope}_claim"),
+        Case("oncely app.effect, no-op body", effect, f"@{scope}_effect", versus=versus),
+        Case("oncely app.once, no-op handler", once, f"@{scope}_once", versus=versus),
+    ]
 
 
 def sqlalchemy_steps(engine: AsyncEngine, prefix: str) -> list[Case]:
@@ -256,7 +294,9 @@ async def postgres_cases(
             key,
             slot,
             REPLICA,
+            True,  # the pause read, as app.run's
         )
+        await raw.execute(pg.DRIVER_CHECK_AND_SAVEPOINT)
         await raw.execute(pg.DRIVER_FINISH_AND_COMMIT)
         if not (row["got"] and row["claimed"]):
             raise RuntimeError("raw lock-and-claim lost a fresh key")
@@ -279,7 +319,13 @@ async def postgres_cases(
         Case("raw asyncpg, app.run's SQL", raw_run_sql, "pg_raw_run"),
         *sqlalchemy_steps(user_engine, "pg"),
         run_sql_floor(app, "pg"),
-        Case("oncely app.run, no-op job", app_step, "bench_app_run"),
+        Case(
+            "oncely app.run, no-op job",
+            app_step,
+            "bench_app_run",
+            versus="raw asyncpg, app.run's SQL",
+        ),
+        *effect_cases(app, "pg"),
     ]
 
 
@@ -339,6 +385,7 @@ async def sqlite_cases(
         *sqlalchemy_steps(user_engine, "lite"),
         run_sql_floor(app, "lite"),
         Case("oncely app.run, no-op job", app_step, "bench_app_run"),
+        *effect_cases(app, "lite"),
     ]
 
 
@@ -399,6 +446,17 @@ def report(db: str, cases: list[Case]) -> None:
         print(
             f"| {c.name:<44} | {c.rate:>9,.0f} | {statistics.median(ratios):>5.2f} | {spread:>11} "
             f"| {1e6 / c.rate:>8,.0f} | {c.cpu_us:>12,.0f} | {1 / statistics.median(cpu):>9.2f} |"
+        )
+    named = {c.name: c for c in cases}
+    for c in cases:
+        other = named.get(c.versus or "")
+        if other is None:
+            continue
+        ratios = [mine / theirs for mine, theirs in zip(c.rates, other.rates, strict=True)]
+        cpu_ratio = statistics.median(c.cpu) / statistics.median(other.cpu)
+        print(
+            f"{c.name} vs {other.name}: x{statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}-{max(ratios):.2f}), CPU x{cpu_ratio:.2f}"
         )
 
 

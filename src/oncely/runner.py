@@ -678,6 +678,7 @@ async def run_slot(
         claimed_by=replica,
         busy_ms=busy_ms,
         exclusive=job.overlap == "skip",
+        check_pause=check_pause,
     )
     with tracing.slot_attempt(job.name, key, slot, replica) as span:
         outcome = await attempt_slot(store, job, slot, request, check_pause=check_pause)

@@ -9,16 +9,26 @@ import pytest
 from tests.support import ROOT
 
 CASES = {
-    "sqlite": ["raw sqlite3", "raw aiosqlite", "oncely.claim_run", "oncely app.run"],
+    "sqlite": [
+        "raw sqlite3",
+        "raw aiosqlite",
+        "oncely.claim_run",
+        "oncely app.run",
+        "oncely app.effect",
+        "oncely app.once",
+    ],
     "postgres": [
         "raw asyncpg",
         "oncely.claim_run on an asyncpg connection",
         "oncely.claim_run on AsyncSession",
         "app.run's SQL",
         "oncely app.run",
+        "oncely.claim_run on the app's engine",
+        "oncely app.effect",
+        "oncely app.once",
     ],
 }
-ROWS = {"sqlite": 7, "postgres": 8}
+ROWS = {"sqlite": 10, "postgres": 11}
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,6 +55,8 @@ def test_claim_bench_runs(db: str, request: pytest.FixtureRequest) -> None:
     for name in CASES[db]:
         assert any(name in row for row in rows), (name, table)
     assert all(row.rstrip().endswith("|") for row in rows)
+    # app.effect and app.once are each compared with claim_run on the same engine.
+    assert table.count(" vs oncely.claim_run on the app's engine: x") == 2, table
 
 
 def test_claim_bench_rejects_bad_flags() -> None:

@@ -1,13 +1,13 @@
 """What one `app.run` sends to Postgres: a count, not a time, so it can guard the cost.
 
-A steady-state attempt is five messages on the wire, each one round trip: BEGIN, the
-lock-and-claim CTE, the check of the slot's fate with the SAVEPOINT a failed attempt rolls
-back to (a statement of its own, after the lock's: its snapshot must see the fate that the
-lock's previous holder committed), the read of the job's pause (in the same transaction:
-`app.run` and `oncely run` honour `oncely pause`; a worker reads pauses once per scheduling
-step instead, and its attempts are four), and the finish UPDATE sent with the COMMIT. A quick
-attempt that succeeds writes no attempt record (its claim is its record). A per-checkout ping
-(pool_pre_ping) once made it eight, and the finish UPDATE on its own five; a statement added
+A steady-state attempt is four messages on the wire, each one round trip: BEGIN, the
+lock-and-claim CTE (which also reads whether a pause of the job holds the slot's time:
+`app.run`, `oncely run` and the worker's attempts honour `oncely pause`), the check of the
+slot's fate with the SAVEPOINT a failed attempt rolls back to (a statement of its own, after
+the lock's: its snapshot must see the fate that the lock's previous holder committed), and
+the finish UPDATE sent with the COMMIT. A quick attempt that succeeds writes no attempt record
+(its claim is its record). A per-checkout ping (pool_pre_ping) once made it eight, the finish
+UPDATE on its own five, and the pause read as a statement of its own five; a statement added
 to the attempt shows up here before it shows up in a benchmark.
 """
 
@@ -23,7 +23,7 @@ SLOT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.mark.postgres
-async def test_app_run_is_five_round_trips(
+async def test_app_run_is_four_round_trips(
     postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.conftest import _reset_postgres, wire_messages
@@ -44,8 +44,8 @@ async def test_app_run_is_five_round_trips(
                 result = await app.run("noop", now=SLOT + timedelta(seconds=second))
                 assert result.status is RunStatus.RAN
                 # Q = simple query (BEGIN; the fate check with the SAVEPOINT; the finish
-                # with COMMIT), B = bind+execute of a prepared statement (lock-and-claim,
-                # the pause)
-                assert sent == [b"Q", b"B", b"Q", b"B", b"Q"]
+                # with COMMIT), B = bind+execute of a prepared statement (lock-and-claim
+                # with the pause read)
+                assert sent == [b"Q", b"B", b"Q", b"Q"]
     finally:
         await app.aclose()

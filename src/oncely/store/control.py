@@ -28,6 +28,7 @@ from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
 from . import sql, task_queue_sql
 from .database import Database
 from .rows import attempt_from_row, audit_from_row, claim_from_row, record
+from .session import pause_read
 from .task_queue import TaskStore
 
 CANCEL_BUSY_MS = 2000
@@ -454,8 +455,8 @@ class Control:
     async def pause_in(self, session: AsyncSession, job: str, slot: datetime) -> Pause | None:
         """The pause of a job that holds the slot's time (paused_at <= slot < resumed_at, or
         still open), read in an attempt's open transaction."""
-        if not self.db.has_control:
-            return None
+        if not self.db.has_control or pause_read(session, job, slot) is False:
+            return None  # (or the attempt's claim read that none holds it)
         with self.db.translate():
             row = (await session.execute(sql.pause_covering(job, slot))).first()
         return _pause(row) if row is not None else None

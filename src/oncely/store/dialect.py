@@ -89,6 +89,9 @@ class ClaimRequest:
     waits: its lock is a try-lock)."""
     exclusive: bool = False
     """Also take the job's lock: OVERLAP while another slot of the job runs anywhere."""
+    check_pause: bool = False
+    """Also read whether a pause of the job holds `scheduled_for`, where the claim's statement
+    can (Postgres on the driver: no statement of its own; see `session.pause_read`)."""
 
     def claim_params(self) -> dict[str, Any]:
         """The parameters of `Dialect.claim_statement` for this slot (database time aside)."""
@@ -236,6 +239,10 @@ class SqlFragments(abc.ABC):
 
     def wake_ddl(self) -> Sequence[str]:
         """Schema 12's statements: the NOTIFY trigger names the enqueueing transaction."""
+        return ()
+
+    def notify_setting_ddl(self) -> Sequence[str]:
+        """Schema 18's statements: the NOTIFY trigger honours the `oncely.notify` setting."""
         return ()
 
     def ack_ddl(self) -> Sequence[str]:

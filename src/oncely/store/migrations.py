@@ -178,6 +178,14 @@ def _v17_schedules(conn: Connection) -> None:
     schedules.create(conn, checkfirst=True)
 
 
+def _v18_notify_setting(conn: Connection) -> None:
+    # The NOTIFY trigger's function only (Postgres): it sends nothing where the server setting
+    # `oncely.notify` is `off`. An older oncely runs on v18 (while the setting is unset, the
+    # trigger sends as before; set, an older worker finds new tasks at its listening look).
+    for statement in dialect_for(conn.dialect.name).notify_setting_ddl():
+        conn.exec_driver_sql(statement)
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -201,6 +209,7 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
         _v16_jobs,
     ),
     (17, "oncely_schedules: schedules kept as data, found by their next slot", _v17_schedules),
+    (18, "the NOTIFY trigger sends nothing where `oncely.notify` is off", _v18_notify_setting),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 

@@ -35,6 +35,7 @@ from .postgres_notify import (
     TASKS_CHANNEL,
     TASKS_NOTIFY,
     TASKS_NOTIFY_DDL,
+    TASKS_NOTIFY_SETTING_DDL,
     TASKS_NOTIFY_TXID_DDL,
     listen_cancels,
     listen_tasks,
@@ -64,7 +65,7 @@ from .postgres_statements import (
     task_ack_sql,
     tasks_by_keys_on_driver,
 )
-from .session import attempt_driver, mark_claimed
+from .session import attempt_driver, mark_claimed, mark_pause_read
 
 # The migration lock's two keys ("once", 0). Slot and job locks use the two-key form too,
 # with all 64 bits from a hash (see oncely.locks), so they never meet an application's
@@ -210,6 +211,7 @@ class PostgresDialect(Dialect):
             "exclusive": request.exclusive,
             "job_hi": job_hi,
             "job_lo": job_lo,
+            "check_pause": request.check_pause,
             **request.claim_params(),
         }
         row = await driver.fetchrow(
@@ -217,6 +219,8 @@ class PostgresDialect(Dialect):
         )
         if row["claimed"]:
             mark_claimed(session, job, key, row["xid"])
+        if row["paused"] is not None:
+            mark_pause_read(session, job, request.scheduled_for, row["paused"])
         if not row["got"]:
             return ClaimOutcome.BUSY
         if not row["job_free"]:
@@ -398,6 +402,9 @@ class PostgresDialect(Dialect):
 
     def wake_ddl(self) -> Sequence[str]:
         return TASKS_NOTIFY_TXID_DDL
+
+    def notify_setting_ddl(self) -> Sequence[str]:
+        return TASKS_NOTIFY_SETTING_DDL
 
     def ack_ddl(self) -> Sequence[str]:
         return TASK_ACK_FUNCTION_DDL

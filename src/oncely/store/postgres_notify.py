@@ -16,9 +16,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 TASKS_CHANNEL = "oncely_tasks"
 """The LISTEN/NOTIFY channel that wakes idle workers when tasks are enqueued."""
 
-TASKS_NOTIFY = sa.text(f"SELECT pg_notify('{TASKS_CHANNEL}', '')")
+NOTIFY_SETTING = "oncely.notify"
+"""The server setting that turns enqueue notifications off (`off`), for a database, a role
+or a connection: an enqueueing commit then takes no notification lock, workers poll."""
+
+TASKS_NOTIFY = sa.text(
+    "SELECT pg_notify('oncely_tasks', '')"
+    " WHERE current_setting('oncely.notify', true) IS DISTINCT FROM 'off'"
+)
 """A notification of tasks available, sent by hand (tasks handed back, retried by an
-operator): no payload, so the idle workers take turns by the sender's process id."""
+operator): no payload, so the idle workers take turns by the sender's process id. Nothing
+where `oncely.notify` is off."""
 
 # One notification per INSERT statement, sent by the enqueueing transaction itself: it is
 # delivered iff that transaction commits, whichever client enqueued (oncely, psql, a trigger).
@@ -52,6 +60,27 @@ TASKS_NOTIFY_TXID_DDL = (
     $$ LANGUAGE plpgsql
     """,
 )
+
+
+# Schema 18: the trigger sends nothing where `oncely.notify` is `off` (unset: it sends, one
+# notification per transaction, as before). A commit that notified nothing skips Postgres's
+# instance-wide notification lock; the workers, reading the same setting, poll.
+TASKS_NOTIFY_SETTING_DDL = (
+    f"""
+    CREATE OR REPLACE FUNCTION oncely_tasks_notify() RETURNS trigger AS $$
+    BEGIN
+        IF current_setting('{NOTIFY_SETTING}', true) IS DISTINCT FROM 'off' THEN
+            PERFORM pg_notify('{TASKS_CHANNEL}', txid_current()::text);
+        END IF;
+        RETURN NULL;
+    END;
+    $$ LANGUAGE plpgsql
+    """,
+)
+
+NOTIFY_OFF = sa.text(f"SELECT current_setting('{NOTIFY_SETTING}', true) = 'off'")
+"""Whether enqueue notifications are off for this connection (the setting, if any, of its
+database, role or own)."""
 
 
 PROBE_TIMEOUT_S = 2.0
@@ -163,14 +192,16 @@ async def _probed(engine: AsyncEngine, channel: str, callback: Callable[..., Non
     return True
 
 
-def listen_tasks(
+@contextlib.asynccontextmanager
+async def listen_tasks(
     engine: AsyncEngine,
     on_notify: Callable[[str], None],
     on_lost: Callable[[], None] | None,
     prober: AsyncEngine | None = None,
-) -> contextlib.AbstractAsyncContextManager[bool]:
+) -> AsyncIterator[bool]:
     """LISTEN for new tasks, checked with a probe (sent from a connection of `prober`);
-    yield False (poll only) if that is not possible."""
+    yield False (poll only) if that is not possible, or if enqueue notifications are off
+    (`oncely.notify`, read again at each try)."""
 
     def callback(_conn: Any, pid: Any, _channel: Any, payload: Any) -> None:
         if isinstance(payload, str) and payload.startswith(_PROBE):
@@ -178,9 +209,27 @@ def listen_tasks(
         else:  # the enqueueing transaction's id (schema 12), else the sender's process
             on_notify(payload if isinstance(payload, str) and payload else f"pid {pid}")
 
-    return _listen_on(
+    if await _notify_off(prober or engine):
+        logging.getLogger("oncely").info(
+            "enqueue notifications are off (%s = off); polling", NOTIFY_SETTING
+        )
+        yield False
+        return
+    listen = _listen_on(
         engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost, prober=prober
     )
+    async with listen as works:
+        yield works
+
+
+async def _notify_off(engine: AsyncEngine) -> bool:
+    """Whether `oncely.notify` is `off` on a connection of `engine` (False if it cannot be
+    read: the listener's own try reports that)."""
+    try:
+        async with engine.connect() as conn:
+            return bool((await conn.execute(NOTIFY_OFF)).scalar())
+    except Exception:
+        return False
 
 
 CANCEL_CHANNEL = "oncely_cancel"

@@ -107,14 +107,24 @@ LOCK_AND_CLAIM = sa.text(_LOCK_AND_CLAIM + "\n    ").bindparams(
 
 # LOCK_AND_CLAIM, for the driver (rendered from its text, with positional parameters in the
 # same order); it also names the claimed slot in two transaction-local
-# settings, so the finish below is a constant string that can travel with the COMMIT.
+# settings, so the finish below is a constant string that can travel with the COMMIT, and
+# (with :check_pause) reads whether a pause of the job holds the slot's time
+# (`sql.pause_covering`): `app.run` then sends no statement of its own for it. The same
+# snapshot as a read after the lock would have, but for the transactions that commit in
+# between: a pause has no lock to order it with an attempt (docs/design/fate.md: a pause whose
+# commit lands late).
 DRIVER_LOCK_AND_CLAIM_STATEMENT = on_driver(
     sa.text(
         _LOCK_AND_CLAIM  # noqa: S608 - oncely's own text: every value is a bound parameter
         + """,
            CASE WHEN (SELECT count(*) FROM ins) > 0 THEN txid_current() END AS xid,
            set_config('oncely.job', CAST(:job AS varchar), true) AS claimed_job,
-           set_config('oncely.key', CAST(:key AS varchar), true) AS claimed_key
+           set_config('oncely.key', CAST(:key AS varchar), true) AS claimed_key,
+           CASE WHEN CAST(:check_pause AS boolean) THEN EXISTS (
+               SELECT 1 FROM oncely_pauses WHERE job = CAST(:job AS varchar)
+               AND paused_at <= CAST(:scheduled_for AS timestamptz)
+               AND (resumed_at IS NULL OR resumed_at > CAST(:scheduled_for AS timestamptz))
+           ) END AS paused
 """
     )
 )

@@ -14,6 +14,7 @@ _DRIVER = "oncely.attempt_driver"
 _CLAIMED = "oncely.claimed"
 _ENDED = "oncely.ended"
 _XACT = "oncely.xact"
+_PAUSE_READ = "oncely.pause_read"
 
 
 class AttemptSession(Session):
@@ -88,6 +89,21 @@ def attempt_xact(session: Any) -> int | None:
     """The id of the attempt's transaction, if its claim read it (Postgres, on the driver)."""
     xid = session.info.get(_XACT)
     return int(xid) if xid is not None else None
+
+
+def mark_pause_read(session: Any, job: str, slot: Any, paused: bool) -> None:
+    """Record what the attempt's lock-and-claim read of the job's pauses at the slot's time:
+    whether one holds it (so that the attempt need not ask again in a statement of its own)."""
+    session.info[_PAUSE_READ] = (job, slot, paused)
+
+
+def pause_read(session: Any, job: str, slot: Any) -> bool | None:
+    """Whether a pause of `job` holds `slot`, as this attempt's claim read it; None if it
+    did not read it."""
+    found = session.info.get(_PAUSE_READ)
+    if found is None or found[0] != job or found[1] != slot:
+        return None
+    return bool(found[2])
 
 
 def claimed_here(session: Any, job: str, key: str) -> bool:

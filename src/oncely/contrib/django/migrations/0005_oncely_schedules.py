@@ -1,4 +1,5 @@
-"""oncely's schema version 17 (oncely_schedules: schedules kept as data), by the same function
+"""oncely's schema versions 17 (oncely_schedules: schedules kept as data) and 18 (the NOTIFY
+trigger honours `oncely.notify`), by the same function
 as 0001 (`oncely migrate`'s steps; a database already migrated gets none again), and the
 model the admin lists the schedules by (unmanaged: written only through `app.schedules`)."""
 
