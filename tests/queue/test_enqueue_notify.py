@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from oncely import Oncely, TaskState
 from oncely.queue import worker
-from oncely.work.tasks import ROLL_CALL
+from oncely.work.tasks.wakeups import ROLL_CALL
 
 pytestmark = pytest.mark.postgres
 
