@@ -61,7 +61,7 @@ def _zones() -> list[str]:
     return sorted(z for z in zoneinfo.available_timezones() if "/" in z and "Etc" not in z)
 
 
-async def _add(url: str, n: int, expr: str) -> float:
+async def _add(url: str, n: int, expr: str, every: int | None) -> float:
     sys.path.insert(0, str(ROOT))
     from bench.schedules_app import app
 
@@ -75,7 +75,8 @@ async def _add(url: str, n: int, expr: str) -> float:
         async with gate:
             await app.schedules.add(
                 f"tenant-{i:05d}",
-                cron=expr.format(m=i % 60),
+                cron=None if every else expr.format(m=i % 60),
+                every=every,
                 tz=zones[i % len(zones)],
                 task="digest",
                 args={"tenant": f"t{i}"},
@@ -91,12 +92,16 @@ async def _add(url: str, n: int, expr: str) -> float:
 def _expected(args: argparse.Namespace, first: datetime, last: datetime) -> int:
     """How many slots of the N schedules fall in [first, last] (zones do not move a minute)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from oncely.schedule import cron
+    from oncely.schedule import Schedule, cron, every
 
     zones = _zones()
     count = 0
     for i in range(args.schedules):
-        schedule = cron(args.cron.format(m=i % 60), tz=zones[i % len(zones)])
+        schedule: Schedule = (
+            every(seconds=args.every)
+            if args.every
+            else cron(args.cron.format(m=i % 60), tz=zones[i % len(zones)])
+        )
         count += sum(1 for _ in schedule.slots_between(first - timedelta(microseconds=1), last))
     return count
 
@@ -172,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = make_url(args.database_url).set(database=database).render_as_string(False)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        add_s = asyncio.run(_add(url, args.schedules, args.cron))
+        add_s = asyncio.run(_add(url, args.schedules, args.cron, args.every))
         print(f"added {args.schedules} schedules in {add_s:.1f} s", file=sys.stderr)
         env = {**os.environ, "ONCELY_DATABASE_URL": url, "ONCELY_APP": APP}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -202,10 +207,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             while time.time() < deadline and conn.execute(due).scalar_one() > 0:
                 time.sleep(1.0)  # polling the backlog, with a deadline
         settle = time.time() + args.settle
-        first = datetime.fromtimestamp(settle, timezone.utc).replace(second=0, microsecond=0)
-        first += timedelta(minutes=1)
-        last = first + timedelta(minutes=args.minutes - 1)
-        end = last + timedelta(seconds=60)
+        period = args.every or 60  # seconds between a schedule's slots (cron: each minute)
+        start = int(settle) // period * period + period
+        first = datetime.fromtimestamp(start, timezone.utc)
+        last = first + timedelta(seconds=period * (args.minutes - 1))
+        end = last + timedelta(seconds=period)
         while time.time() < end.timestamp():
             time.sleep(0.5)  # the measured window: the workers run meanwhile
         sampler.stop.set()
@@ -239,7 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _j, _k, s, c in claims:
             bursts[s] = max(bursts.get(s, s), c)
         quiet = [
-            (done.timestamp() + 1.0, (slot + timedelta(seconds=60)).timestamp() - 1.0)
+            (done.timestamp() + 1.0, (slot + timedelta(seconds=period)).timestamp() - 1.0)
             for slot, done in sorted(bursts.items())
         ]
         quiet = [(a, b) for a, b in quiet if b > a]
@@ -248,7 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "schedules": args.schedules,
             "workers": args.workers,
-            "cron": args.cron,
+            "cron": None if args.every else args.cron,
+            "every_s": args.every,
             "zones": min(args.schedules, len(_zones())),
             "add_seconds": round(add_s, 1),
             "window": [first.isoformat(), end.isoformat()],
@@ -297,7 +304,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--minutes", type=int, default=3, help="Whole minutes measured.")
+    parser.add_argument(
+        "--minutes",
+        type=int,
+        default=3,
+        help="Whole minutes measured (with --every: whole intervals measured).",
+    )
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        help="Seconds: every schedule an interval of this many seconds instead of --cron "
+        "(the smoke run: a burst of every schedule's slot each interval).",
+    )
     parser.add_argument(
         "--cron",
         default="{m} * * * *",
@@ -312,6 +331,8 @@ def main() -> None:
     for name in ("schedules", "workers", "minutes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.every is not None and args.every < 1:
+        parser.error("--every must be at least 1 (seconds)")
     if args.settle < 0:
         parser.error("--settle must be >= 0")
     report = run(args)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import PG_ADMIN_URL, ROOT
+from tests.conftest import PG_ADMIN_URL
+from tests.support import ROOT
 
 
 @pytest.mark.postgres
