@@ -16,7 +16,7 @@ from ..masking import mask_url
 from . import borrowed_connection as borrowed
 from .claims import claim_run, claim_run_sync
 from .control import Action
-from .dialect import ClaimOutcome, ClaimRequest
+from .dialect import ClaimAnswer, ClaimRequest
 from .dialects import dialect_for
 from .lost_commit import claim_landed
 from .migrations import COMPATIBLE_UP_TO, LATEST
@@ -28,7 +28,7 @@ from .store import Store
 from .tables import metadata, runs, schema_versions, task_starts
 from .tables import tasks as tasks_table
 from .task_connections import TaskPool
-from .task_queue import AttemptGivenUp, Fence, Leased, Settle, TaskStore, TaskTransaction
+from .task_queue import AttemptGivenUp, Fence, Leased, Settle, TaskQueue, TaskTransaction
 from .task_queue import enqueue as enqueue_in
 from .task_queue import enqueue_sync as enqueue_in_sync
 from .urls import normalize_url, sync_url
@@ -43,7 +43,7 @@ __all__ = [
     "Action",
     "AttemptGivenUp",
     "AttemptSession",
-    "ClaimOutcome",
+    "ClaimAnswer",
     "ClaimRequest",
     "Fence",
     "Leased",
@@ -51,7 +51,7 @@ __all__ = [
     "Store",
     "TaskFilter",
     "TaskPool",
-    "TaskStore",
+    "TaskQueue",
     "TaskTransaction",
     "advance_schedule",
     "borrowed",

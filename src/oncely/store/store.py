@@ -47,9 +47,9 @@ class Store(Database):
         return cls(engine, owns_engine=True)
 
     @functools.cached_property
-    def tasks(self) -> task_queue.TaskStore:
+    def tasks(self) -> task_queue.TaskQueue:
         """The task queue's statements on this store."""
-        return task_queue.TaskStore(self)
+        return task_queue.TaskQueue(self)
 
     @functools.cached_property
     def control(self) -> control.Control:

@@ -1,7 +1,7 @@
 """A plain `def` task's body, run in a worker thread: the user's code, outside the store.
 
-The store lends the task a synchronous session (`TaskStore.sync_session`) and commits its
-work with its ack (`TaskStore.commit_sync`); between the two, only the task's own code runs.
+The store lends the task a synchronous session (`TaskQueue.sync_session`) and commits its
+work with its ack (`TaskQueue.commit_sync`); between the two, only the task's own code runs.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..store import Fence, Leased, TaskStore
+from ..store import Fence, Leased, TaskQueue
 
 
 def run_sync_attempt(
-    tasks: TaskStore,
+    tasks: TaskQueue,
     func: Any,
     item: Leased,
     fence: Fence,

@@ -133,7 +133,7 @@ class WorkerConnections:
     async def next_due(
         self, queues: Sequence[str] | None, names: Sequence[str], *, held: bool, since: float
     ) -> tuple[float | None, bool]:
-        """Seconds until the next waiting task comes due (see TaskStore.next_due)."""
+        """Seconds until the next waiting task comes due (see TaskQueue.next_due)."""
         async with self._control.connect() as conn:
             return await self._store.tasks.next_due(conn, queues, names, held=held, since=since)
 
@@ -192,19 +192,19 @@ class WorkerConnections:
 
     async def hand_back_unstarted(self, items: Sequence[Leased]) -> None:
         """Hand back leased tasks that never started: available now, attempt uncounted."""
-        await self._store.tasks.give_back(items, started=False, engine=self._control)
+        await self._store.tasks.hand_back_unstarted(items, started=False, engine=self._control)
 
     async def hand_back_cancelled(self, items: Sequence[Leased]) -> list[Any]:
         """Hand back the tasks of attempts a shutdown cancelled (rolled back): available now,
         recorded as cancelled; (id, task, attempt) of each."""
-        return await self._store.tasks.hand_back(items, self._control)
+        return await self._store.tasks.hand_back_cancelled(items, self._control)
 
     async def hand_back_unrunnable(
         self, items: Sequence[Leased], wait: float, reason: str
     ) -> set[int]:
         """Hand back tasks this worker cannot run: due again in `wait` seconds, attempt
         uncounted, `reason` as their error; the ids handed back."""
-        return await self._store.tasks.turn_away(items, wait, reason, self._control)
+        return await self._store.tasks.hand_back_unrunnable(items, wait, reason, self._control)
 
     # -- live workers, notifications --------------------------------------------------------
 
