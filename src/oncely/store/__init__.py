@@ -33,6 +33,7 @@ from .task_queue import enqueue as enqueue_in
 from .task_queue import enqueue_sync as enqueue_in_sync
 from .urls import normalize_url, sync_url
 from .views import COUNT_CAP, ERRORS_SHOWN, TaskFilter
+from .worker_connections import WorkerConnections
 
 __all__ = [
     "COMPATIBLE_UP_TO",
@@ -53,6 +54,7 @@ __all__ = [
     "TaskPool",
     "TaskQueue",
     "TaskTransaction",
+    "WorkerConnections",
     "advance_schedule",
     "borrowed",
     "claim_landed",
