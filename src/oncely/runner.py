@@ -29,7 +29,7 @@ from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, Onc
 from .model import Claim, Pause, RunResult, RunStatus
 from .registry import Job
 from .retry import Retry
-from .store import ClaimOutcome, ClaimRequest, Store, claim_landed, violation
+from .store import ClaimAnswer, ClaimRequest, Store, claim_landed, violation
 
 
 class Stage(enum.Enum):
@@ -75,11 +75,11 @@ class Outcome:
 RAN = Outcome(RunStatus.RAN, Stage.COMMIT)
 
 _NOT_CLAIMED = {
-    ClaimOutcome.BUSY: RunStatus.BUSY,
-    ClaimOutcome.OVERLAP: RunStatus.OVERLAP,
-    ClaimOutcome.TAKEN: RunStatus.SKIPPED,
-    ClaimOutcome.GIVEN_UP: RunStatus.GIVEN_UP,
-    ClaimOutcome.RETRY_WAIT: RunStatus.RETRY_WAIT,
+    ClaimAnswer.BUSY: RunStatus.BUSY,
+    ClaimAnswer.OVERLAP: RunStatus.OVERLAP,
+    ClaimAnswer.TAKEN: RunStatus.SKIPPED,
+    ClaimAnswer.GIVEN_UP: RunStatus.GIVEN_UP,
+    ClaimAnswer.RETRY_WAIT: RunStatus.RETRY_WAIT,
 }
 
 
@@ -263,10 +263,10 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
 
 async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> Outcome | None:
     answer = await store.claims.lock_and_claim(session, request)
-    if answer is ClaimOutcome.CLAIMED:
+    if answer is ClaimAnswer.CLAIMED:
         return None
     claim = None
-    if answer is ClaimOutcome.TAKEN:
+    if answer is ClaimAnswer.TAKEN:
         claim = await store.claims.claim_in(session, request.job, request.key)
     await store.claims.abandon(session)
     return not_claimed(_NOT_CLAIMED[answer], claim)

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from .model import Claim
 from .registry import Job
-from .store import ClaimOutcome, ClaimRequest, Store
+from .store import ClaimAnswer, ClaimRequest, Store
 
 POLL = 0.2
 """Seconds between two looks at a busy slot."""
@@ -39,7 +39,7 @@ class Waited:
     waited: float
 
 
-_HOLDER_FAILED = (ClaimOutcome.CLAIMED, ClaimOutcome.GIVEN_UP, ClaimOutcome.RETRY_WAIT)
+_HOLDER_FAILED = (ClaimAnswer.CLAIMED, ClaimAnswer.GIVEN_UP, ClaimAnswer.RETRY_WAIT)
 
 
 async def wait_for_holder(
@@ -53,11 +53,11 @@ async def wait_for_holder(
             return Waited(Held.RAN, claim, time.monotonic() - started)
         async with store.claims.attempt() as session:
             request = ClaimRequest(job=job.name, key=key, scheduled_for=slot, claimed_by=replica)
-            outcome = await store.claims.lock_and_claim(session, request)
+            answer = await store.claims.lock_and_claim(session, request)
             await store.claims.abandon(session)  # a probe: never keep the claim
-        if outcome is ClaimOutcome.TAKEN:
+        if answer is ClaimAnswer.TAKEN:
             continue  # committed between the read and the probe: read it
-        if outcome in _HOLDER_FAILED:  # free, given up, or waiting for its retry
+        if answer in _HOLDER_FAILED:  # free, given up, or waiting for its retry
             return Waited(Held.FAILED, None, time.monotonic() - started)
         if time.monotonic() - started >= timeout:
             return Waited(Held.STILL_BUSY, None, time.monotonic() - started)

@@ -153,14 +153,14 @@ def test_a_loser_on_postgres_does_not_wait_for_the_holder(django_project: dict[s
     from shop_helpers import empty
 
     from oncely.contrib.django.connection import lent
-    from oncely.store import ClaimOutcome, ClaimRequest, borrowed
+    from oncely.store import ClaimAnswer, ClaimRequest, borrowed
 
     empty("pg")
     slot = datetime(2026, 6, 6, 0, 0, tzinfo=timezone.utc)
     request = ClaimRequest("leaderboard_close", "2026-06-06T00:00:00Z", slot, "holder")
     with transaction.atomic(using="pg"):
         with lent("pg", "the holder") as conn:
-            assert borrowed.lock_and_claim(conn, request) is ClaimOutcome.CLAIMED
+            assert borrowed.lock_and_claim(conn, request) is ClaimAnswer.CLAIMED
         started = time.monotonic()
         loser = manage(django_project, "pg", "oncely", "run", "leaderboard_close", "--now", T)
         out, err = loser.communicate(timeout=120)

@@ -370,11 +370,11 @@ import asyncio, sys
 import oncely
 from oncely import every
 from oncely.runner import run_slot
-from oncely.store import TaskStore
+from oncely.store import TaskQueue
 from oncely.work import jobs
 assert "opentelemetry.trace" not in sys.modules
 seen = []
-lease = TaskStore.fetch
+lease = TaskQueue.fetch
 
 async def fetch(self, *args, **kwargs):
     seen.append("opentelemetry.trace" in sys.modules)
@@ -384,7 +384,7 @@ async def slot(*args, **kwargs):
     seen.append("opentelemetry.trace" in sys.modules)
     return await run_slot(*args, **kwargs)
 
-TaskStore.fetch, jobs.run_slot = fetch, slot
+TaskQueue.fetch, jobs.run_slot = fetch, slot
 app = oncely.Oncely(sys.argv[1])
 ran = asyncio.Event()
 

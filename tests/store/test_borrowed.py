@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from oncely import Oncely
-from oncely.store import ClaimOutcome, ClaimRequest, borrowed
+from oncely.store import ClaimAnswer, ClaimRequest, borrowed
 
 
 def _migrate(url: str) -> None:
@@ -136,11 +136,11 @@ def test_lock_and_claim_says_taken_for_a_slot_that_ran(owner: Owner) -> None:
     request = ClaimRequest("close", "k1", slot, "r1")
     owner.begin()
     with borrowed.borrow(owner.conn, owner.name) as conn:
-        assert borrowed.lock_and_claim(conn, request) is ClaimOutcome.CLAIMED
+        assert borrowed.lock_and_claim(conn, request) is ClaimAnswer.CLAIMED
     owner.commit()
     owner.begin()
     with borrowed.borrow(owner.conn, owner.name) as conn:
-        assert borrowed.lock_and_claim(conn, request) is ClaimOutcome.TAKEN
+        assert borrowed.lock_and_claim(conn, request) is ClaimAnswer.TAKEN
         claim = borrowed.claim_in(conn, "close", "k1")
     owner.rollback()
     assert claim is not None and claim.scheduled_for == slot

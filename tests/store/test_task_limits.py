@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
-from tests.store.test_task_store import fetch, heartbeat, lease_in, now, row
+from tests.store.test_task_queue import fetch, heartbeat, lease_in, now, row
 
 from oncely.schema import tasks
 from oncely.store import Store

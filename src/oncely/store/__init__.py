@@ -16,7 +16,7 @@ from ..masking import mask_url
 from . import borrowed_connection as borrowed
 from .claims import claim_run, claim_run_sync
 from .control import Action
-from .dialect import ClaimOutcome, ClaimRequest
+from .dialect import ClaimAnswer, ClaimRequest
 from .dialects import dialect_for
 from .lost_commit import claim_landed
 from .migrations import COMPATIBLE_UP_TO, LATEST
@@ -28,11 +28,12 @@ from .store import Store
 from .tables import metadata, runs, schema_versions, task_starts
 from .tables import tasks as tasks_table
 from .task_connections import TaskPool
-from .task_queue import AttemptGivenUp, Fence, Leased, Settle, TaskStore, TaskTransaction
+from .task_queue import AttemptGivenUp, Fence, Leased, Settle, TaskQueue, TaskTransaction
 from .task_queue import enqueue as enqueue_in
 from .task_queue import enqueue_sync as enqueue_in_sync
 from .urls import normalize_url, sync_url
 from .views import COUNT_CAP, ERRORS_SHOWN, TaskFilter
+from .worker_connections import WorkerConnections
 
 __all__ = [
     "COMPATIBLE_UP_TO",
@@ -43,7 +44,7 @@ __all__ = [
     "Action",
     "AttemptGivenUp",
     "AttemptSession",
-    "ClaimOutcome",
+    "ClaimAnswer",
     "ClaimRequest",
     "Fence",
     "Leased",
@@ -51,8 +52,9 @@ __all__ = [
     "Store",
     "TaskFilter",
     "TaskPool",
-    "TaskStore",
+    "TaskQueue",
     "TaskTransaction",
+    "WorkerConnections",
     "advance_schedule",
     "borrowed",
     "claim_landed",

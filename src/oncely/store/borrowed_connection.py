@@ -25,7 +25,7 @@ from ..identity import replica_id
 from ..model import Claim, TaskRecord
 from . import task_queue
 from .claims import claim_in_plan, claim_plan, fate_plan, finish_plan
-from .dialect import ClaimOutcome, ClaimRequest, Dialect, raise_translated
+from .dialect import ClaimAnswer, ClaimRequest, Dialect, raise_translated
 from .dialects import dialect_for
 from .migrations import apply_migrations
 from .plan import run
@@ -122,7 +122,7 @@ def claim(conn: Connection, job: str, key: str, claimed_by: str | None = None) -
         raise_translated(dialect, exc)
 
 
-def lock_and_claim(conn: Connection, request: ClaimRequest) -> ClaimOutcome:
+def lock_and_claim(conn: Connection, request: ClaimRequest) -> ClaimAnswer:
     """A slot attempt's claim in the owner's open transaction, without waiting for another
     attempt at the slot (Postgres: a try-lock; SQLite: BUSY if the write lock is held)."""
     dialect = _dialect(conn)
@@ -130,7 +130,7 @@ def lock_and_claim(conn: Connection, request: ClaimRequest) -> ClaimOutcome:
         return run(conn, dialect.lock_and_claim_plan(request))
     except DBAPIError as exc:
         if dialect.is_busy(exc):
-            return ClaimOutcome.BUSY
+            return ClaimAnswer.BUSY
         raise_translated(dialect, exc)
 
 

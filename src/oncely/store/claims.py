@@ -23,7 +23,7 @@ from ..identity import replica_id
 from ..model import Claim
 from . import sql
 from .database import Database
-from .dialect import ClaimOutcome, ClaimRequest, Dialect, raise_translated
+from .dialect import ClaimAnswer, ClaimRequest, Dialect, raise_translated
 from .dialects import dialect_for, driver_dialect
 from .held import HeldConnections
 from .plan import Plan, run, run_async
@@ -191,7 +191,7 @@ class Claims:
                 with contextlib.suppress(Exception):
                     await conn.close()
 
-    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimAnswer:
         """Open the attempt's transaction, take the slot's lock without queueing, and claim
         (see ClaimRequest for what `busy_ms` and `exclusive` ask)."""
         with self.db.translate():

@@ -29,7 +29,7 @@ from . import sql, task_queue_sql
 from .database import Database
 from .rows import attempt_from_row, audit_from_row, claim_from_row, record
 from .session import pause_read
-from .task_queue import TaskStore
+from .task_queue import TaskQueue
 
 CANCEL_BUSY_MS = 2000
 """How long a cancel waits on SQLite for the write lock (which a running attempt holds)."""
@@ -134,7 +134,7 @@ class CancelSignals:
 class Control:
     """Pauses, attempt records, cancel requests and audited operator actions on one store."""
 
-    def __init__(self, db: Database, tasks: TaskStore) -> None:
+    def __init__(self, db: Database, tasks: TaskQueue) -> None:
         self.db = db
         self.tasks = tasks
         self.dialect = db.dialect
@@ -692,7 +692,7 @@ class Control:
     async def prune(self, action: Action, before: datetime) -> dict[str, int]:
         """Delete finished tasks, claims, attempt records and ended pauses older than
         `before`; how many of each. Tasks and claims go first, in bounded batches of a
-        transaction each (see `TaskStore.prune`); the rest, with the audit row that counts
+        transaction each (see `TaskQueue.prune`); the rest, with the audit row that counts
         it all, in one transaction."""
         await self._need()
         counts: dict[str, int] = {}

@@ -35,8 +35,9 @@ def raise_translated(dialect: Dialect, exc: Exception) -> NoReturn:
     raise DatabaseError(f"claiming failed: {getattr(exc, 'orig', None) or exc}") from exc
 
 
-class ClaimOutcome(enum.Enum):
-    """What trying to lock and claim a slot came to."""
+class ClaimAnswer(enum.Enum):
+    """What a claim statement answers (trying to lock and claim a slot): one input of the
+    attempt's outcome, never the outcome itself."""
 
     CLAIMED = "claimed"
     """The claim row is ours, in the open transaction."""
@@ -53,19 +54,19 @@ class ClaimOutcome(enum.Enum):
     """An earlier attempt failed and the job's retry policy retries it later: not yet."""
 
 
-def marks_verdict(row: Any) -> ClaimOutcome | None:
+def marks_verdict(row: Any) -> ClaimAnswer | None:
     """What a slot's marks (`sql.slot_marks`, read once its lock is held) say: GIVEN_UP,
     RETRY_WAIT, or None (it may run)."""
     if row is None or not row.tries:
         return None
     if row.final:
-        return ClaimOutcome.GIVEN_UP
+        return ClaimAnswer.GIVEN_UP
     if row.retry_at is not None and row.retry_at > row.now:
-        return ClaimOutcome.RETRY_WAIT
+        return ClaimAnswer.RETRY_WAIT
     return None
 
 
-def checked_plan(job: str, key: str, now: Any) -> Plan[ClaimOutcome]:
+def checked_plan(job: str, key: str, now: Any) -> Plan[ClaimAnswer]:
     """Once the slot is locked and claimed: refuse it if its marks say so, else take the
     savepoint a failed attempt rolls back to (keeping the lock to record the slot's fate)."""
     row = (yield sql.slot_marks(job, key, now), None).first()
@@ -73,7 +74,7 @@ def checked_plan(job: str, key: str, now: Any) -> Plan[ClaimOutcome]:
     if verdict is not None:
         return verdict
     yield sql.SAVEPOINT, None
-    return ClaimOutcome.CLAIMED
+    return ClaimAnswer.CLAIMED
 
 
 @dataclass(frozen=True)
@@ -380,17 +381,17 @@ class ConnectionStatements(SqlFragments):
     the fragments: the slot's lock and claim, an attempt's and a task's transaction, locks
     held, transaction ids."""
 
-    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
+    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimAnswer]:
         """The statements of `lock_and_claim` once its transaction is open: on a database
         whose write lock is the slot's lock (SQLite) the claim alone."""
         params = {**request.claim_params(), **self.now_params()}
         row = (yield self.claim_statement, params).first()
         if row is None:
-            return ClaimOutcome.TAKEN
+            return ClaimAnswer.TAKEN
         return (yield from checked_plan(request.job, request.key, self.now()))
 
     @abc.abstractmethod
-    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimAnswer:
         """In the session's new transaction: take the slot's lock without waiting, then claim;
         once claimed, refuse a slot an earlier attempt gave up (or whose retry is not due),
         else take the savepoint that a failed attempt rolls back to (`sql.SAVEPOINT`).
@@ -436,7 +437,7 @@ class ConnectionStatements(SqlFragments):
 
     async def reusable(self, conn: AsyncConnection, idle_s: float) -> bool:
         """Whether an attempt's connection, idle `idle_s` seconds since its transaction ended,
-        can run the next attempt as it is (see `held`); False: give it back to the pool."""
+        can run the next attempt as it is (see `held`); False: return it to the pool."""
         return False
 
     async def try_lock_slot(self, conn: AsyncConnection, job: str, key: str) -> bool:

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..locks import job_lock_key, slot_lock_key
 from . import sql
 from .dialect import (
-    ClaimOutcome,
+    ClaimAnswer,
     ClaimRequest,
     Dialect,
     checked_plan,
@@ -175,7 +175,7 @@ class PostgresDialect(Dialect):
         # now() is the transaction's start: in an autocommitted statement, the statement's.
         return sa.func.now()
 
-    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimOutcome]:
+    def lock_and_claim_plan(self, request: ClaimRequest) -> Plan[ClaimAnswer]:
         job, key = request.job, request.key
         slot_hi, slot_lo = slot_lock_key(job, key)
         job_hi, job_lo = job_lock_key(job)
@@ -189,16 +189,16 @@ class PostgresDialect(Dialect):
         }
         row: Any = (yield LOCK_AND_CLAIM, params).one()
         if not row.got:
-            return ClaimOutcome.BUSY
+            return ClaimAnswer.BUSY
         if not row.job_free:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
             taken = (yield sql.get_claim(job, key), None).first() is not None
-            return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
+            return ClaimAnswer.TAKEN if taken else ClaimAnswer.OVERLAP
         if not row.claimed:
-            return ClaimOutcome.TAKEN
+            return ClaimAnswer.TAKEN
         return (yield from checked_plan(job, key, self.now()))
 
-    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimAnswer:
         driver = attempt_driver(session)
         if driver is None:
             return await run_async(session, self.lock_and_claim_plan(request))
@@ -222,13 +222,13 @@ class PostgresDialect(Dialect):
         if row["paused"] is not None:
             mark_pause_read(session, job, request.scheduled_for, row["paused"])
         if not row["got"]:
-            return ClaimOutcome.BUSY
+            return ClaimAnswer.BUSY
         if not row["job_free"]:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
             taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
-            return ClaimOutcome.TAKEN if taken else ClaimOutcome.OVERLAP
+            return ClaimAnswer.TAKEN if taken else ClaimAnswer.OVERLAP
         if not row["claimed"]:
-            return ClaimOutcome.TAKEN
+            return ClaimAnswer.TAKEN
         return await checked_on_driver(driver, job, key)
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:

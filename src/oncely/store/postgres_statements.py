@@ -22,7 +22,7 @@ from ..errors import BadInputError, DatabaseError, SchemaMissingError
 from . import sql, task_queue_sql
 from .dialect import (
     MISSING_TABLES,
-    ClaimOutcome,
+    ClaimAnswer,
     marks_verdict,
 )
 from .tables import UTCDateTime
@@ -304,7 +304,7 @@ def driver_of(conn: AsyncConnection) -> Any:
     return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
 
 
-async def checked_on_driver(driver: Any, job: str, key: str) -> ClaimOutcome:
+async def checked_on_driver(driver: Any, job: str, key: str) -> ClaimAnswer:
     """The claimed slot's check and savepoint (DRIVER_CHECK_AND_SAVEPOINT); refused, the
     transaction is rolled back and the slot's marks say why (BUSY if they no longer refuse:
     a retry came due meanwhile, the worker tries again soon)."""
@@ -313,8 +313,8 @@ async def checked_on_driver(driver: Any, job: str, key: str) -> ClaimOutcome:
     except asyncpg.DivisionByZeroError:
         await driver.execute("ROLLBACK")
         row = await driver.fetchrow(DRIVER_MARKS, job, key)
-        return marks_verdict(SimpleNamespace(**dict(row))) or ClaimOutcome.BUSY
-    return ClaimOutcome.CLAIMED
+        return marks_verdict(SimpleNamespace(**dict(row))) or ClaimAnswer.BUSY
+    return ClaimAnswer.CLAIMED
 
 
 SLOT_HELD = sa.text(

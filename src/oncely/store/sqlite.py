@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from .. import clock
 from . import sql
-from .dialect import ClaimOutcome, ClaimRequest, Dialect
+from .dialect import ClaimAnswer, ClaimRequest, Dialect
 from .plan import run_async
 
 BUSY_MS_OPTION = "oncely_busy_ms"
@@ -174,7 +174,7 @@ class SQLiteDialect(Dialect):
     def now_params(self) -> dict[str, Any]:
         return {"now": clock.utcnow()}
 
-    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimOutcome:
+    async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimAnswer:
         # `exclusive` needs nothing more here: the write lock already lets one attempt at a
         # time run, whatever its job, so two slots of a job never run at once.
         try:
@@ -184,7 +184,7 @@ class SQLiteDialect(Dialect):
             return await run_async(session, self.lock_and_claim_plan(request))
         except sa.exc.OperationalError as exc:
             if self.is_busy(exc):
-                return ClaimOutcome.BUSY
+                return ClaimAnswer.BUSY
             raise
 
     # migration_lock: none, BEGIN IMMEDIATE already serializes writers.

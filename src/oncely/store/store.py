@@ -23,6 +23,7 @@ from .database import Database
 from .dialects import dialect_for
 from .lost_commit import task_landed
 from .urls import normalize_url
+from .worker_connections import WorkerConnections
 
 
 class Store(Database):
@@ -47,9 +48,9 @@ class Store(Database):
         return cls(engine, owns_engine=True)
 
     @functools.cached_property
-    def tasks(self) -> task_queue.TaskStore:
+    def tasks(self) -> task_queue.TaskQueue:
         """The task queue's statements on this store."""
-        return task_queue.TaskStore(self)
+        return task_queue.TaskQueue(self)
 
     @functools.cached_property
     def control(self) -> control.Control:
@@ -65,6 +66,11 @@ class Store(Database):
     def schedules(self) -> schedules.ScheduleStore:
         """The statements of schedules kept as data on this store (oncely_schedules)."""
         return schedules.ScheduleStore(self)
+
+    def worker_connections(self) -> WorkerConnections:
+        """A task worker's connections and the statements its parts send on them (each
+        worker gets its own: it opens and closes them)."""
+        return WorkerConnections(self, self.tasks, self.control)
 
     async def dispose(self) -> None:
         """Close the attempts' kept connections, then the core's engines."""

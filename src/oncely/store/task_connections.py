@@ -1,6 +1,6 @@
 """A task worker's pool: at most `size` connections, each lent to one task's transaction.
 
-A task takes a connection at its first statement and gives it back when its transaction
+A task takes a connection at its first statement and returns it when its transaction
 ends, so the connections in use are the tasks inside a transaction right now. The pool keeps
 its connections open between tasks (SQLAlchemy's own checkout and check-in, with its events
 and reset, cost more CPU than the rest of a one-row task's transaction) and checks one that
@@ -153,7 +153,7 @@ class TaskPool:
         return len(stale)
 
     async def close(self) -> None:
-        """Close the idle connections (those still lent close when given back)."""
+        """Close the idle connections (those still lent close when returned)."""
         idle, self._idle = self._idle, []
         for conn, _since in idle:
             await _close(conn)

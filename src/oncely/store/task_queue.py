@@ -3,7 +3,7 @@
 A worker runs each leased task in a transaction of its own (TaskTransaction): the task's
 statements and its ack, a compare-and-set on (id, lease_token), commit together or not at
 all, so each task's work lands once. The transaction takes a connection of the worker's pool
-at the task's first statement and gives it back at its end; a task that makes no statement
+at the task's first statement and returns it at its end; a task that makes no statement
 takes none, and its ack (or a failed task's retry or end, after its work rolled back) is a
 `Settle`, which the worker writes for many tasks in one short transaction.
 """
@@ -289,7 +289,7 @@ class TaskTransaction:
     makes no statement takes no connection at all.
     """
 
-    def __init__(self, tasks: TaskStore, pool: TaskPool, item: Leased, *, eager: bool) -> None:
+    def __init__(self, tasks: TaskQueue, pool: TaskPool, item: Leased, *, eager: bool) -> None:
         self.tasks = tasks
         self.pool = pool
         self.item = item
@@ -434,7 +434,7 @@ def _beyond(
     return over
 
 
-class TaskStore:
+class TaskQueue:
     """Leases, batches and the operator's views of the oncely_tasks table."""
 
     def __init__(self, db: Database) -> None:
@@ -521,7 +521,7 @@ class TaskStore:
     async def _limited(self, conn: AsyncConnection, rows: list[Any], token: str) -> list[Any]:
         """After a lease that took limited tasks: on a database where another leaser's commit
         may have escaped the lease's snapshot, count again (now that this transaction holds
-        the groups' locks) and give back what is over; then record the rate starts."""
+        the groups' locks) and hand back what is over; then record the rate starts."""
         if self.dialect.concurrent_leases:
             over = await self._over(conn, rows)
             for counted in (True, False):
@@ -628,7 +628,7 @@ class TaskStore:
                         counted.update((r.id, r.attempt) for r in await conn.execute(stmt))
         return counted
 
-    async def turn_away(
+    async def hand_back_unrunnable(
         self, leased: Sequence[Leased], wait: float, reason: str, engine: AsyncEngine
     ) -> set[int]:
         """Hand back tasks this worker cannot run, uncounted, due again in `wait` seconds
@@ -639,7 +639,7 @@ class TaskStore:
                 for counted in (True, False):
                     group = [item for item in leased if item.counted is counted]
                     for token, ids in _by_token(group).items():
-                        stmt = task_queue_sql.turn_away(
+                        stmt = task_queue_sql.hand_back_unrunnable(
                             ids, token, self.dialect.after(wait), reason, counted=counted
                         )
                         done.update(r.id for r in await conn.execute(stmt))
@@ -789,15 +789,16 @@ class TaskStore:
             async with (engine or self.db.engine).begin() as conn:
                 return {r.id for r in await conn.execute(stmt)}
 
-    async def give_back(
+    async def hand_back_unstarted(
         self,
         leased: Sequence[Leased],
         *,
         started: bool = False,
         engine: AsyncEngine | None = None,
     ) -> None:
-        """Give leased tasks back at once, available to any worker; `started=False` (they
-        never ran) does not count the attempt. (`release` is only ever a slot's claim.)"""
+        """Hand back leased tasks that never started (a stopping worker, a concurrency limit
+        full): available at once to any worker, the attempt not counted (`started=True`, tasks
+        that did start, keeps it counted)."""
         with self.db.translate():
             async with (engine or self.db.engine).begin() as conn:
                 for counted in (True, False):
@@ -805,14 +806,16 @@ class TaskStore:
                     keep = started or not counted
                     for token, ids in _by_token(group).items():
                         await conn.execute(
-                            task_queue_sql.give_back(ids, token, self.dialect.now(), started=keep)
+                            task_queue_sql.hand_back_unstarted(
+                                ids, token, self.dialect.now(), started=keep
+                            )
                         )
                 await self.dialect.notify_tasks(conn)
 
-    async def hand_back(
+    async def hand_back_cancelled(
         self, leased: Sequence[Leased], engine: AsyncEngine | None = None
     ) -> list[Any]:
-        """Give back tasks whose attempts a shutdown cancelled: available at once, the attempt
+        """Hand back tasks whose attempts a shutdown cancelled: available at once, the attempt
         not counted, recorded as cancelled; (id, task, attempt) of each handed back."""
         handed: list[Any] = []
         with self.db.translate():
@@ -820,7 +823,7 @@ class TaskStore:
                 for counted in (True, False):
                     group = [item for item in leased if item.counted is counted]
                     for token, ids in _by_token(group).items():
-                        stmt = task_queue_sql.hand_back(
+                        stmt = task_queue_sql.hand_back_cancelled(
                             ids, token, self.dialect.now(), counted=counted
                         )
                         handed += list(await conn.execute(stmt))

@@ -337,7 +337,7 @@ def fetch(
     kinds merge in lease order up to :p_limit.
 
     `names`: only tasks of these names (the ones the worker has registered), so a task that
-    a worker of another release does not know waits for one that does. A plain IN list on
+    a worker of another version of the app does not know waits for one that does. A plain IN list on
     the column: the lease-order index still drives the scan, and the filter is checked on
     the rows it yields.
     """
@@ -430,10 +430,13 @@ def begin_attempts(ids: Sequence[int], token: str, now: Any) -> Any:
     )
 
 
-def turn_away(ids: Sequence[int], token: str, until: Any, reason: str, *, counted: bool) -> Any:
+def hand_back_unrunnable(
+    ids: Sequence[int], token: str, until: Any, reason: str, *, counted: bool
+) -> Any:
     """Hand back tasks this worker cannot run (an unknown name, arguments that do not bind its
-    function: an older release): available again at `until`, the attempt not counted (undone
-    if the lease `counted` it), `reason` recorded as the error. RETURNING the ids."""
+    function: an older version of the app): available again at `until`, the attempt not
+    counted (undone if the lease `counted` it), `reason` recorded as the error. RETURNING the
+    ids."""
     return _back(ids, token, counted, run_at=until, error=reason).returning(tasks.c.id)
 
 
@@ -685,8 +688,8 @@ def heartbeat(ids: Sequence[int], tokens: Sequence[str], until: Any, now: Any) -
     )
 
 
-def give_back(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Update:
-    """Give back leased tasks now: the attempt the lease counted for ones that never started
+def hand_back_unstarted(ids: Sequence[int], token: str, now: Any, *, started: bool) -> sa.Update:
+    """Hand back leased tasks now: the attempt the lease counted for ones that never started
     (a worker stopping) is undone; `started` ones (or ones whose attempt was never counted)
     keep the count they have."""
     return (
@@ -707,8 +710,8 @@ CANCELLED = "Cancelled: the worker shut down before this attempt finished (not c
 """The error recorded on a task whose attempt a shutdown cancelled and handed back."""
 
 
-def hand_back(ids: Sequence[int], token: str, now: Any, *, counted: bool = True) -> Any:
-    """Give back tasks whose attempts a shutdown cancelled (their work rolled back): available
+def hand_back_cancelled(ids: Sequence[int], token: str, now: Any, *, counted: bool = True) -> Any:
+    """Hand back tasks whose attempts a shutdown cancelled (their work rolled back): available
     now, the attempt not counted (it was not the task's fault; undone if it was `counted`),
     the error saying why. RETURNING the ids handed back (a task another worker took over
     matches no row)."""

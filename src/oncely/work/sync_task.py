@@ -1,7 +1,7 @@
 """A plain `def` task's body, run in a worker thread: the user's code, outside the store.
 
-The store lends the task a synchronous session (`TaskStore.sync_session`) and commits its
-work with its ack (`TaskStore.commit_sync`); between the two, only the task's own code runs.
+The worker's connections (the store's `WorkerConnections`) lend the task a synchronous
+session and commit its work with its ack; between the two, only the task's own code runs.
 """
 
 from __future__ import annotations
@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..store import Fence, Leased, TaskStore
+from ..store import Fence, Leased, WorkerConnections
+
+SyncCall = Callable[[], tuple[bool | None, str | None]]
+"""A sync task's attempt, to run in a thread: (True: its work and ack committed; False: its
+lease was lost; None: it made no statement, its ack is the settler's), and its result."""
 
 
 def run_sync_attempt(
-    tasks: TaskStore,
+    conns: WorkerConnections,
     func: Any,
     item: Leased,
     fence: Fence,
@@ -25,9 +29,9 @@ def run_sync_attempt(
     synchronous session; (True if its work and ack committed, False if its lease was lost,
     None if it made no statement: its ack is then the worker's to write; its return value
     as `encode` made it JSON text, stored with the success)."""
-    session, touched = tasks.sync_session(eager=eager)
+    session, touched = conns.sync_session(eager=eager)
     try:
         result = encode(func(session, **item.args))
-        return tasks.commit_sync(session, touched, item, fence, result), result
+        return conns.commit_sync(session, touched, item, fence, result), result
     finally:
-        tasks.close_sync(session)
+        conns.close_sync(session)

@@ -30,17 +30,17 @@ from ...model import RunStatus
 from ...registry import Job
 from ...runner import RAN, Outcome, Stage, fate_writer, not_claimed
 from ...schedule import Schedule
-from ...store import ClaimOutcome, ClaimRequest, Store, borrowed
+from ...store import ClaimAnswer, ClaimRequest, Store, borrowed
 from .connection import database_url, default_alias, lent
 
 F = TypeVar("F", bound=Callable[[datetime], Any])
 
 _NOT_CLAIMED = {
-    ClaimOutcome.BUSY: RunStatus.BUSY,
-    ClaimOutcome.OVERLAP: RunStatus.OVERLAP,
-    ClaimOutcome.TAKEN: RunStatus.SKIPPED,
-    ClaimOutcome.GIVEN_UP: RunStatus.GIVEN_UP,
-    ClaimOutcome.RETRY_WAIT: RunStatus.RETRY_WAIT,
+    ClaimAnswer.BUSY: RunStatus.BUSY,
+    ClaimAnswer.OVERLAP: RunStatus.OVERLAP,
+    ClaimAnswer.TAKEN: RunStatus.SKIPPED,
+    ClaimAnswer.GIVEN_UP: RunStatus.GIVEN_UP,
+    ClaimAnswer.RETRY_WAIT: RunStatus.RETRY_WAIT,
 }
 
 
@@ -159,9 +159,9 @@ def attempt_in_django(
 def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
     with lent(alias, f"job {request.job!r}") as conn:
         answer = borrowed.lock_and_claim(conn, request)
-        if answer is ClaimOutcome.CLAIMED:
+        if answer is ClaimAnswer.CLAIMED:
             return None
-        taken = answer is ClaimOutcome.TAKEN
+        taken = answer is ClaimAnswer.TAKEN
         claim = borrowed.claim_in(conn, request.job, request.key) if taken else None
     transaction.set_rollback(True, using=alias)
     return not_claimed(_NOT_CLAIMED[answer], claim)

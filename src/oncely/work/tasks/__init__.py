@@ -8,8 +8,10 @@
 - `upkeep`: heartbeats and the stall watch, rescue, presence, operators' cancels;
 - `listener`: LISTEN kept up, notifications heard; `wakeups`: the notification turns (pure);
 - `unrunnable`: the tasks this worker cannot run, handed back;
-- `leases`: the leases the worker holds; `timing`: every constant of its timing;
-- `connections`: its one door to the store.
+- `leases`: the leases the worker holds; `timing`: every constant of its timing.
+
+Its one door to the store is the `WorkerConnections` the store hands it
+(`store.worker_connections()`); a plain `def` task's body runs in `oncely.work.sync_task`.
 """
 
 from .timing import ANNOUNCE_EVERY

@@ -20,9 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from ... import clock, events, tracing
 from ...errors import JobTransactionError
 from ...retry import DEFAULT_POLICY
+from ...store import Fence, Leased, WorkerConnections
 from ...tasks import Task, TaskRegistry, encode_result
 from ..options import WorkerOptions
-from .connections import Fence, Leased, SyncCall, WorkerConnections
+from ..sync_task import SyncCall, run_sync_attempt
 from .outcome import LeaseLost, Outcome, Succeeded, decide, never_finished
 from .settler import Spans
 
@@ -140,7 +141,9 @@ class AttemptRunner:
                 return hook(item, ack, fence), stored[0]
 
         else:
-            call = self.conns.sync_attempt(task.func, item, fence, encode, eager=eager)
+            call = functools.partial(
+                run_sync_attempt, self.conns, task.func, item, fence, encode, eager=eager
+            )
         future: asyncio.Future[tuple[bool | None, str | None]]
         in_context = functools.partial(contextvars.copy_context().run, call)  # the span's
         future = asyncio.get_running_loop().run_in_executor(self._threads, in_context)

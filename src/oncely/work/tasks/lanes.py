@@ -11,9 +11,9 @@ import functools
 import logging
 
 from ...errors import OncelyError, TaskCancelledError
+from ...store import Leased, WorkerConnections
 from ..options import WorkerOptions
 from .attempt import AttemptRunner
-from .connections import Leased, WorkerConnections
 from .leases import Leases
 from .outcome import Discarded, LeaseLost
 from .settler import Settler

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from ... import events
 from ...errors import DatabaseUnavailableError, OncelyError
+from ...store import Leased, WorkerConnections
 from ..options import WorkerOptions
 from . import timing
-from .connections import Leased, WorkerConnections
 from .lanes import Lanes
 from .leases import Leases
 from .listener import Listener

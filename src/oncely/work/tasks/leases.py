@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from .connections import Leased
+from ...store import Leased
 
 
 class Leases:

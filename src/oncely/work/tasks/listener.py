@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 
 from ...errors import OncelyError
+from ...store import WorkerConnections
 from . import timing
-from .connections import WorkerConnections
 from .wakeups import ROLL_CALL, Heard, Wakeups
 
 logger = logging.getLogger("oncely")

@@ -13,7 +13,7 @@ from typing import Any
 from ...errors import TaskCancelledError
 from ...model import TaskState
 from ...retry import Discard, GiveUp, Retry, RetryPolicy
-from .connections import Leased, Settle
+from ...store import Leased, Settle
 
 Event = tuple[str, str, int, dict[str, Any]]
 """A log event: (event, text, level, fields)."""

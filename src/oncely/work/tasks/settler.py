@@ -13,8 +13,8 @@ from typing import TypeAlias
 
 from ... import events, tracing
 from ...errors import OncelyError
+from ...store import Settle, WorkerConnections
 from . import timing
-from .connections import Settle, WorkerConnections
 from .leases import Leases
 from .outcome import LeaseLost, Outcome, event, left_to_settle, traced
 from .wakeups import Wakeups

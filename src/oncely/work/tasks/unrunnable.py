@@ -9,9 +9,9 @@ import logging
 from ... import events
 from ...errors import OncelyError
 from ...model import UNRUNNABLE
+from ...store import Leased, WorkerConnections
 from ...tasks import TaskRegistry
 from . import timing
-from .connections import Leased, WorkerConnections
 from .leases import Leases
 
 logger = logging.getLogger("oncely")

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from ... import events
 from ...errors import OncelyError
+from ...store import WorkerConnections
 from ..options import WorkerOptions
 from . import timing
-from .connections import WorkerConnections
 from .lanes import Lanes
 from .leases import Leases
 from .listener import Listener

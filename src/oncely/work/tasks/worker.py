@@ -6,7 +6,8 @@ bounded pool; the settler (`settler`) writes what their outcomes left to write, 
 statement. Upkeep (`upkeep`) renews the leases the worker holds, rescues tasks whose lease ran
 out, keeps the worker among the live ones and stops the attempts operators cancel. The listener
 (`listener`) keeps LISTEN up on Postgres and wakes the leaser at this worker's turn at a
-notification (`wakeups`, pure). Every statement goes through one `WorkerConnections`.
+notification (`wakeups`, pure). Every statement goes through the one `WorkerConnections` the
+store hands the worker (`store.worker_connections()`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import uuid
 from ... import events, tracing
 from ...errors import OncelyError
 from ...identity import replica_id
+from ...store import Leased, Store
 from ...tasks import TaskRegistry
 from ..options import WorkerOptions
 from . import timing
 from .attempt import AttemptRunner
-from .connections import Leased, Store, WorkerConnections
 from .lanes import Lanes
 from .leaser import Leaser
 from .leases import Leases
@@ -51,7 +52,7 @@ class TaskWorker:
         """This worker, among the live ones (`oncely_workers`)."""
         self.handed_back = 0
         """Tasks whose attempts the shutdown cancelled and handed back."""
-        self.conns = conns = WorkerConnections(store)
+        self.conns = conns = store.worker_connections()
         self.leases = leases = Leases()
         self.wakeups = Wakeups(scope_of(options.queues, self.names))
         self.listener = listener = Listener(conns, self.wakeups)

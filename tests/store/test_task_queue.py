@@ -83,7 +83,7 @@ async def rescue(store: Store) -> list[Any]:
 
 
 async def hand_back(store: Store, leased: list[Leased], *, started: bool) -> None:
-    await store.tasks.give_back(leased, started=started)
+    await store.tasks.hand_back_unstarted(leased, started=started)
 
 
 async def discard(store: Store, task_id: int) -> Any:
@@ -467,10 +467,10 @@ async def test_prune_deletes_in_batches_each_committed_on_its_own(store: Store) 
     assert left == ["d"]
 
 
-# -- release: leases handed back --------------------------------------------------------------
+# -- leases handed back -----------------------------------------------------------------------
 
 
-async def test_release_hands_back_unstarted_leases_without_counting_the_attempt(
+async def test_hand_back_of_unstarted_leases_without_counting_the_attempt(
     store: Store,
 ) -> None:
     made = [await put(store, n=i) for i in range(2)]
@@ -490,7 +490,7 @@ async def test_release_hands_back_unstarted_leases_without_counting_the_attempt(
     assert [(t.id, t.attempt) for t in await fetch(store, "tok-b")] == [(i, 1) for i in made]
 
 
-async def test_release_of_started_leases_keeps_the_attempt(store: Store) -> None:
+async def test_hand_back_of_started_leases_keeps_the_attempt(store: Store) -> None:
     task_id = await put(store)
     leased = await fetch(store, "tok-a")
     await hand_back(store, leased, started=True)
@@ -499,7 +499,7 @@ async def test_release_of_started_leases_keeps_the_attempt(store: Store) -> None
     assert [(t.id, t.attempt) for t in await fetch(store, "tok-b")] == [(task_id, 2)]
 
 
-async def test_release_does_not_touch_a_lease_another_worker_holds(store: Store) -> None:
+async def test_hand_back_does_not_touch_a_lease_another_worker_holds(store: Store) -> None:
     task_id = await put(store)
     [stale] = await fetch(store, "tok-old", lease=-1)
     await rescue(store)
@@ -575,12 +575,12 @@ async def test_a_task_transaction_without_a_statement_takes_no_connection(
     assert await ack(store, [item]) == {task_id}
 
 
-async def test_give_back_of_tasks_that_never_ran_does_not_count_their_attempt(
+async def test_hand_back_of_tasks_that_never_ran_does_not_count_their_attempt(
     store: Store,
 ) -> None:
     task_id = await put(store)
     leased = await fetch(store, "tok-a")
-    await store.tasks.give_back(leased, started=False)
+    await store.tasks.hand_back_unstarted(leased, started=False)
     r = await row(store, task_id)
     assert (r.state, r.attempt, r.lease_token) == ("available", 0, None)
 
@@ -616,7 +616,7 @@ async def test_begin_attempts_counts_a_leased_ahead_task_iff_its_lease_is_still_
     assert (await row(store, made[0])).started_at is not None
 
 
-async def test_give_back_and_rescue_of_a_leased_ahead_task_leave_its_attempt_uncounted(
+async def test_hand_back_and_rescue_of_a_leased_ahead_task_leave_its_attempt_uncounted(
     store: Store,
 ) -> None:
     made = [await put(store, n=i) for i in range(2)]
@@ -634,12 +634,12 @@ async def test_give_back_and_rescue_of_a_leased_ahead_task_leave_its_attempt_unc
     ]
 
 
-async def test_turn_away_hands_a_task_back_uncounted_later_with_its_reason(store: Store) -> None:
+async def test_hand_back_unrunnable_is_due_later_uncounted_with_its_reason(store: Store) -> None:
     made = [await put(store, n=i) for i in range(2)]
     async with store.engine.connect() as conn:
         leased = await store.tasks.fetch(conn, None, 10, "tok-a", BY, LONG, None, 1)
     before = await now(store)
-    done = await store.tasks.turn_away(leased, 30.0, "Unrunnable: why", store.engine)
+    done = await store.tasks.hand_back_unrunnable(leased, 30.0, "Unrunnable: why", store.engine)
     assert done == set(made)
     for task_id in made:
         r = await row(store, task_id)

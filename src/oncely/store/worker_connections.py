@@ -1,30 +1,27 @@
 """The task worker's one door to the store: its connections and the statements its parts send.
 
-Built once from the `Store`, it holds the worker's three kinds of connection: the control
-connection (the worker's own statements, one at a time, never waiting behind tasks: leases,
-outcomes, heartbeats, rescues), the pool that tasks' transactions take a connection from at
-their first statement, and the connection LISTEN keeps. The worker's parts call its narrow
-methods; no other file of the worker imports from the store, or touches its engine or dialect.
+`Store.worker_connections()` hands a worker one of these. It holds the worker's three kinds
+of connection: the control connection (the worker's own statements, one at a time, never
+waiting behind tasks: leases, outcomes, heartbeats, rescues), the pool that tasks'
+transactions take a connection from at their first statement, and the connection LISTEN
+keeps. The worker's parts call its narrow methods; none of them touches the store's engine
+or dialect, and the worker runs its users' code itself (work/sync_task.py), not here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from ...store import Fence, Leased, Settle, Store, TaskPool, TaskTransaction, violation
-from ..sync_task import run_sync_attempt
-
-__all__ = ["Fence", "Leased", "Settle", "Store", "SyncCall", "WorkerConnections"]
-
-SyncCall = Callable[[], tuple[bool | None, str | None]]
-"""A sync task's attempt, to run in a thread: (True: its work and ack committed; False: its
-lease was lost; None: it made no statement, its ack is the settler's), and its result."""
+from .control import Control
+from .database import Database
+from .session import violation
+from .task_connections import TaskPool
+from .task_queue import Fence, Leased, Settle, TaskQueue, TaskTransaction
 
 
 class WorkerConnections:
@@ -33,14 +30,17 @@ class WorkerConnections:
     Until `open` (and after `close`), every statement goes on the store's own engine: a
     worker that only `step`s (the testing toolkit) opens nothing of its own but the pool."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._control: AsyncEngine = store.engine
+    def __init__(self, db: Database, tasks: TaskQueue, control: Control) -> None:
+        self._db = db
+        self._tasks = tasks
+        self._operators = control
+        """The control plane's statements (an operator's cancel requests)."""
+        self._control: AsyncEngine = db.engine
         """Where the worker's own statements run: one connection, no transaction of theirs
         waiting on the disk (a lost lease or heartbeat is simply taken again)."""
-        self._in_transactions: AsyncEngine = store.engine
+        self._in_transactions: AsyncEngine = db.engine
         """The control connection's engine, in transactions."""
-        self._listening: AsyncEngine = store.engine
+        self._listening: AsyncEngine = db.engine
         self._pool: TaskPool | None = None
         """The connections tasks' transactions take."""
 
@@ -48,14 +48,14 @@ class WorkerConnections:
 
     async def ensure_schema(self) -> None:
         """Raise unless the database's schema is one this oncely runs on (checked once)."""
-        await self._store.ensure_schema()
+        await self._db.ensure_schema()
 
     def open(self, pool_size: int) -> None:
         """The worker starts: its own pool of `pool_size`, control and LISTEN connections."""
-        store = self._store
-        self._pool, self._in_transactions = store.worker_engines(pool_size)
-        self._control = store.dialect.autocommit(self._in_transactions)
-        self._listening = store.dedicated_engine()
+        db = self._db
+        self._pool, self._in_transactions = db.worker_engines(pool_size)
+        self._control = db.dialect.autocommit(self._in_transactions)
+        self._listening = db.dedicated_engine()
 
     async def close_pool(self) -> None:
         """Close the pool's connections (a new pool is made at the next attempt)."""
@@ -67,12 +67,12 @@ class WorkerConnections:
         """The worker stopped: close what `open` made; the store's engine serves again."""
         pool = self._pool
         await self.close_pool()
-        store = self._store
+        own = self._db.engine
         engines = {self._in_transactions, self._listening} | ({pool.engine} if pool else set())
         for engine in engines:
-            if engine is not store.engine:
+            if engine is not own:
                 await engine.dispose()
-        self._control = self._in_transactions = self._listening = store.engine
+        self._control = self._in_transactions = self._listening = own
 
     @property
     def pool(self) -> TaskPool | None:
@@ -82,8 +82,8 @@ class WorkerConnections:
 
     def _task_pool(self, size: int) -> TaskPool:
         if self._pool is None:  # a step outside `consume`: the store's own engine
-            dialect = self._store.dialect
-            engine = dialect.task_engine(self._store.engine)
+            dialect = self._db.dialect
+            engine = dialect.task_engine(self._db.engine)
             self._pool = TaskPool(engine, size, dialect.task_connection_ok)
         return self._pool
 
@@ -97,15 +97,15 @@ class WorkerConnections:
     @property
     def notifies(self) -> bool:
         """Whether the database wakes workers with notifications (Postgres)."""
-        return self._store.dialect.notifies
+        return self._db.dialect.notifies
 
     def is_busy(self, exc: BaseException) -> bool:
         """Whether a statement failed on another transaction's lock (worth a retry soon)."""
-        return self._store.is_busy(exc)
+        return self._db.is_busy(exc)
 
     def is_conflict(self, exc: BaseException) -> bool:
         """Whether a task's transaction failed on another writer, not on the task's code."""
-        return self._store.dialect.is_conflict(exc)
+        return self._db.dialect.is_conflict(exc)
 
     # -- leasing --------------------------------------------------------------------------
 
@@ -126,45 +126,45 @@ class WorkerConnections:
         statements (and transaction-scoped locks of their groups): a transaction of its own."""
         engine = self._in_transactions if limited else self._control
         async with engine.connect() as conn:
-            return await self._store.tasks.fetch(
-                conn, queues, limit, token, by, lease, names, start
-            )
+            return await self._tasks.fetch(conn, queues, limit, token, by, lease, names, start)
 
     async def next_due(
         self, queues: Sequence[str] | None, names: Sequence[str], *, held: bool, since: float
     ) -> tuple[float | None, bool]:
-        """Seconds until the next waiting task comes due (see TaskStore.next_due)."""
+        """Seconds until the next waiting task comes due (see TaskQueue.next_due)."""
         async with self._control.connect() as conn:
-            return await self._store.tasks.next_due(conn, queues, names, held=held, since=since)
+            return await self._tasks.next_due(conn, queues, names, held=held, since=since)
 
     async def begin_attempts(self, items: Sequence[Leased]) -> dict[int, int]:
         """Count the attempts of leased-ahead tasks whose bodies start now; {id: attempt} of
         those whose leases are still this worker's."""
-        return await self._store.tasks.begin_attempts(items, self._control)
+        return await self._tasks.begin_attempts(items, self._control)
 
     # -- one attempt ----------------------------------------------------------------------
 
     def transaction(self, item: Leased, pool_size: int, *, eager: bool) -> TaskTransaction:
         """The transaction of one async attempt, on a connection of the pool."""
-        return self._store.tasks.transaction(self._task_pool(pool_size), item, eager=eager)
+        return self._tasks.transaction(self._task_pool(pool_size), item, eager=eager)
 
-    def sync_attempt(
-        self,
-        func: Any,
-        item: Leased,
-        fence: Fence,
-        encode: Callable[[Any], str | None],
-        *,
-        eager: bool,
-    ) -> SyncCall:
-        """A plain `def` task's attempt, in a transaction of its own on a sync session."""
-        tasks = self._store.tasks
-        return functools.partial(run_sync_attempt, tasks, func, item, fence, encode, eager=eager)
+    def sync_session(self, *, eager: bool) -> tuple[Session, list[bool]]:
+        """A sync session for one plain `def` task's transaction, and a list that gets an
+        entry when it begins one (see TaskQueue.sync_session)."""
+        return self._tasks.sync_session(eager=eager)
+
+    def commit_sync(
+        self, session: Session, touched: list[bool], item: Leased, fence: Fence, result: str | None
+    ) -> bool | None:
+        """Commit a plain `def` task's work with its ack (see TaskQueue.commit_sync)."""
+        return self._tasks.commit_sync(session, touched, item, fence, result)
+
+    def close_sync(self, session: Session) -> None:
+        """Close a plain `def` task's session, rolling back what it left open."""
+        self._tasks.close_sync(session)
 
     def ack_one(self, item: Leased, result: str | None) -> tuple[Any, dict[str, Any]]:
         """The ack of one task (a statement and its parameters), for an integration's own
         transaction (Django's) to run."""
-        return self._store.tasks.ack_one(item, result)
+        return self._tasks.ack_one(item, result)
 
     @staticmethod
     def violation(session: Session) -> str | None:
@@ -176,55 +176,55 @@ class WorkerConnections:
 
     async def settle(self, pending: Sequence[Settle]) -> set[int]:
         """Write outcomes, many per statement; the ids written (a missing one lost its lease)."""
-        return await self._store.tasks.settle(pending, self._control)
+        return await self._tasks.settle(pending, self._control)
 
     async def heartbeat(self, held: Sequence[Leased], lease: float) -> set[int]:
         """Renew the leases of `held` for `lease` seconds; the ids renewed."""
-        return await self._store.tasks.heartbeat(held, lease, self._control)
+        return await self._tasks.heartbeat(held, lease, self._control)
 
     async def rescue(self) -> list[Any]:
         """Make the tasks whose lease ran out available again; their rows."""
-        return await self._store.tasks.rescue(engine=self._control)
+        return await self._tasks.rescue(engine=self._control)
 
     async def cancel_requested(self, ids: Sequence[int]) -> set[int]:
         """Which of these running tasks an operator asked to cancel."""
-        return await self._store.control.cancel_requested(ids, self._control)
+        return await self._operators.cancel_requested(ids, self._control)
 
     async def hand_back_unstarted(self, items: Sequence[Leased]) -> None:
         """Hand back leased tasks that never started: available now, attempt uncounted."""
-        await self._store.tasks.give_back(items, started=False, engine=self._control)
+        await self._tasks.hand_back_unstarted(items, started=False, engine=self._control)
 
     async def hand_back_cancelled(self, items: Sequence[Leased]) -> list[Any]:
         """Hand back the tasks of attempts a shutdown cancelled (rolled back): available now,
         recorded as cancelled; (id, task, attempt) of each."""
-        return await self._store.tasks.hand_back(items, self._control)
+        return await self._tasks.hand_back_cancelled(items, self._control)
 
     async def hand_back_unrunnable(
         self, items: Sequence[Leased], wait: float, reason: str
     ) -> set[int]:
         """Hand back tasks this worker cannot run: due again in `wait` seconds, attempt
         uncounted, `reason` as their error; the ids handed back."""
-        return await self._store.tasks.turn_away(items, wait, reason, self._control)
+        return await self._tasks.hand_back_unrunnable(items, wait, reason, self._control)
 
     # -- live workers, notifications --------------------------------------------------------
 
     async def announce(self, worker_id: str, names: Sequence[str], *, first: bool) -> None:
         """Say that this worker lives and which task names it leases."""
-        await self._store.tasks.announce(worker_id, names, self._control, first=first)
+        await self._tasks.announce(worker_id, names, self._control, first=first)
 
     async def place(self, worker_id: str, within: float) -> tuple[int, int]:
         """(this worker's place among the workers seen within `within` seconds, how many)."""
-        return await self._store.tasks.turn(worker_id, within, self._control)
+        return await self._tasks.turn(worker_id, within, self._control)
 
     async def retire(self, worker_id: str) -> None:
         """Say that this worker stopped."""
-        await self._store.tasks.retire(worker_id, self._control)
+        await self._tasks.retire(worker_id, self._control)
 
     async def say(self, payload: str) -> None:
         """Send `payload` to every listening worker (on Postgres; elsewhere nothing)."""
-        with self._store.translate():
+        with self._db.translate():
             async with self._control.connect() as conn:
-                await self._store.dialect.notify_workers(conn, payload)
+                await self._db.dialect.notify_workers(conn, payload)
 
     def listen(
         self, on_notify: Callable[[str], None], on_lost: Callable[[], None]
@@ -232,6 +232,4 @@ class WorkerConnections:
         """LISTEN on the worker's own connection while the context is open; yields whether
         notifications work (a probe, sent on the control connection: no third connection,
         came back)."""
-        return self._store.listen(
-            on_notify, engine=self._listening, on_lost=on_lost, prober=self._control
-        )
+        return self._db.dialect.listener(self._listening, on_notify, on_lost, self._control)
