@@ -49,6 +49,18 @@ def _targets(node: ast.AST) -> list[str]:
     return []
 
 
+def _self_attributes(method: ast.AST) -> set[str]:
+    """The attributes a method sets on `self`."""
+    return {
+        sub.attr
+        for sub in ast.walk(method)
+        if isinstance(sub, ast.Attribute)
+        and isinstance(sub.ctx, ast.Store)
+        and isinstance(sub.value, ast.Name)
+        and sub.value.id == "self"
+    }
+
+
 def read_source(root: Path) -> Source:
     src = Source()
     for path in sorted(root.rglob("*.py")):
@@ -74,10 +86,7 @@ def read_source(root: Path) -> Source:
                 members.update(_targets(item))
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     members.add(item.name)
-                    for sub in ast.walk(item):
-                        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store):
-                            if isinstance(sub.value, ast.Name) and sub.value.id == "self":
-                                members.add(sub.attr)
+                    members.update(_self_attributes(item))
     return src
 
 
