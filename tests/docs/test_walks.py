@@ -145,14 +145,14 @@ def test_every_name_a_walk_gives_exists() -> None:
 def test_a_walk_naming_what_is_gone_fails() -> None:
     src = read_source(SRC)
     body = (
-        "`store/task_queue.py` · `TaskStore.lease` → `store/gone.py` · `TaskStore.lease_all`,"
+        "`store/task_queue.py` · `TaskQueue.lease` → `store/gone.py` · `TaskQueue.lease_all`,"
         " `registry.py`, `held.py`, `gone.py`"
         " → `runner.run_slot`, `runner.run_slots`, `Dialect.bulk_enqueue` (inherited),"
         " `Listener.woken` (set in `__init__`), `no_such_thing_anywhere`"
     )
     assert missing(body, src) == [
         "store/gone.py",
-        "TaskStore.lease_all",
+        "TaskQueue.lease_all",
         "gone.py",
         "runner.run_slots",
         "no_such_thing_anywhere",
