@@ -59,7 +59,8 @@ class WorkerOptions:
         _count("pool_size", self.pool_size)
         object.__setattr__(self, "lease", _positive("the lease", self.lease))
         object.__setattr__(self, "poll", _positive("poll", self.poll))
-        object.__setattr__(self, "schedule_poll", _not_negative("schedule_poll", self.schedule_poll))
+        poll = _not_negative("schedule_poll", self.schedule_poll)
+        object.__setattr__(self, "schedule_poll", poll)
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(self.queues) or None)
         if self.jobs is not None:
