@@ -146,15 +146,16 @@ class ScheduleWorker:
             return False
         self._back()
         self._rng.shuffle(due)  # replicas that read the same rows start on different ones
-        left = []
+        started, left = 0, []
         for record in due:
             if self._startable(record):
                 self._start(record, now)
-            else:
+                started += 1
+            elif record.name not in self._running:  # still ours while its slots run
                 left.append(record.name)
         with contextlib.suppress(OncelyError):
             await self.store.schedules.release(left, self.replica)
-        return len(due) >= BATCH and len(left) < len(due)
+        return len(due) >= BATCH and started > 0
 
     async def _read_clock(self) -> None:
         if self._offset_read_at is not None and (
