@@ -264,9 +264,14 @@ class Schedules:
         return await self.store.schedules.get(_name_arg(name))
 
     async def last_runs(self) -> dict[str, Claim]:
-        """The newest claim of each schedule that ran a slot, by schedule name."""
+        """The newest claim of each schedule that ran a slot, by schedule name: one index
+        lookup per schedule, whatever the length of the ledger."""
         await self.store.ensure_schema()
         return await self.store.schedules.last_claims()
+
+    async def counts(self) -> tuple[int, int]:
+        """(how many schedules, how many of them paused), without reading them."""
+        return await self.store.schedules.counts()
 
     # -- changing ---------------------------------------------------------------------
 
@@ -515,6 +520,10 @@ class Schedules:
     def last_runs_sync(self) -> dict[str, Claim]:
         """`last_runs`, for synchronous code."""
         return self._sync(lambda s: s.last_runs())
+
+    def counts_sync(self) -> tuple[int, int]:
+        """`counts`, for synchronous code."""
+        return self._sync(lambda s: s.counts())
 
     def _sync(self, call: Callable[[Schedules], Coroutine[Any, Any, T]]) -> T:
         """Run `call` on a store of its own (the app's engine belongs to the app's loop), on

@@ -106,14 +106,18 @@ def _workers(f: Fleet) -> int:
 
 
 def _one_task_per_claim(f: Fleet, job: str) -> None:
-    keys = [k for _s, _c, k in f.claims(job)]
-    assert len(keys) == len(set(keys))
-    tasks = rows(
+    # One statement, one snapshot: workers may commit a slot (its claim and its task) meanwhile.
+    found = rows(
         f.db_url,
-        "SELECT idempotency_key FROM oncely_tasks WHERE idempotency_key LIKE :p",
+        "SELECT 'claim', key FROM oncely_runs WHERE job = :j UNION ALL "
+        "SELECT 'task', idempotency_key FROM oncely_tasks WHERE idempotency_key LIKE :p",
+        j=job,
         p=f"{job}:%",
     )
-    assert sorted(k for (k,) in tasks) == sorted(f"{job}:{k}" for k in keys)
+    keys = [k for what, k in found if what == "claim"]
+    assert len(keys) == len(set(keys))
+    tasks = [k for what, k in found if what == "task"]
+    assert sorted(tasks) == sorted(f"{job}:{k}" for k in keys)
 
 
 def _on_grid(slot: datetime, seconds: int) -> bool:

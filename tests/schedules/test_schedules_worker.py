@@ -1,12 +1,22 @@
 """The worker runs the schedules kept as data: a schedule added while it runs fires, each
-slot claimed once with its task enqueued in the claim's transaction; a pause stops its
-slots, a removal ends them; a slot that fails moves the schedule on."""
+slot claimed once with its task enqueued in the claim's transaction; a removed schedule's
+slot is not run; a schedule whose target this release does not register is reported
+(`schedule.unrunnable`) and left due, its slot not claimed; `--schedule-poll 0` runs none."""
 
 from __future__ import annotations
 
-from tests.schedules.conftest import rows, until
+import asyncio
+import importlib
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
-from oncely import Oncely
+import sqlalchemy as sa
+from tests.schedules.conftest import APP, fresh_app, migrate, rows, until
+from tests.support import engine_for, start_cli, stop, wait_until
+
+from oncely import Oncely, events
 
 
 def claims(db_url: str, name: str) -> list[str]:
@@ -26,3 +36,116 @@ async def test_a_schedule_added_while_the_worker_runs_fires_each_slot_once(
     assert [k for (k,) in tasks] == [f"schedule:acme:{key}" for key in keys]
     rec = await app.schedules.get("acme")
     assert rec.next_slot is not None and rec.next_slot.strftime("%Y-%m-%dT%H:%M:%SZ") > keys[-1]
+
+
+def execute(db_url: str, statement: str, **params: Any) -> None:
+    """One write with plain SQL, committed (what a release that changed would leave)."""
+    engine = engine_for(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(statement), params)
+    finally:
+        engine.dispose()
+
+
+def _slots(db_url: str, job: str) -> list[datetime]:
+    found = rows(db_url, "SELECT scheduled_for FROM oncely_runs WHERE job = :j", j=job)
+    return [_aware(s) for (s,) in found]
+
+
+def _aware(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+async def test_a_schedule_whose_target_is_gone_is_reported_and_its_slot_not_claimed(
+    app: Oncely, db_url: str
+) -> None:
+    gone = await app.schedules.add("acme", every="1s", task="digest", args={"tenant": "acme"})
+    await app.schedules.add("other", every="1s", task="digest", args={"tenant": "other"})
+    execute(db_url, "UPDATE oncely_schedules SET target = 'gone' WHERE name = 'acme'")
+    seen: list[Mapping[str, Any]] = []
+
+    def observe(event: str, fields: Mapping[str, Any]) -> None:
+        if event == "schedule.unrunnable":
+            seen.append(fields)
+
+    events.subscribe(observe)
+    try:
+        async with app.worker(schedule_poll=0.2, concurrency=0):
+            await until(lambda: bool(seen), "the schedule.unrunnable event")
+            assert gone.next_slot is not None
+            await until(
+                lambda: any(s > gone.next_slot for s in _slots(db_url, "schedule:other")),  # type: ignore[operator]
+                "a slot of the other schedule after the unrunnable one's",
+            )
+    finally:
+        events.unsubscribe(observe)
+    assert seen[0]["job"] == "schedule:acme" and "'gone'" in seen[0]["error"]
+    assert claims(db_url, "schedule:acme") == []
+    assert (await app.schedules.get("acme")).next_slot == gone.next_slot  # left due, for others
+    assert (
+        rows(db_url, "SELECT * FROM oncely_tasks WHERE idempotency_key LIKE 'schedule:acme:%'")
+        == []
+    )
+
+
+async def test_a_removed_schedule_s_slot_is_not_run(app: Oncely, db_url: str) -> None:
+    removed = await app.schedules.add("acme", every="1s", task="digest", args={"tenant": "acme"})
+    await app.schedules.add("other", every="1s", task="digest", args={"tenant": "other"})
+    await app.schedules.remove("acme")
+    assert removed.next_slot is not None
+    async with app.worker(schedule_poll=0.2, concurrency=1):
+        await until(
+            lambda: any(s > removed.next_slot for s in _slots(db_url, "schedule:other")),  # type: ignore[operator]
+            "a slot of the other schedule after the removed one's",
+        )
+        await until(lambda: len(rows(db_url, "SELECT * FROM effects")) >= 1, "a task run")
+    assert claims(db_url, "schedule:acme") == []
+    assert rows(db_url, "SELECT arg FROM effects WHERE arg = 'acme'") == []
+
+
+def test_a_worker_with_schedule_poll_0_runs_no_data_schedule(db_url: str, tmp_path: Path) -> None:
+    migrate(db_url)
+    app = fresh_app(db_url)
+    rec = app.schedules.add_sync("acme", every="1s", task="digest", args={"tenant": "acme"})
+    assert rec.next_slot is not None
+    worker = start_cli(
+        "--app", f"{APP}:app", "worker", "--schedule-poll", "0",
+        env={"ONCELY_DATABASE_URL": db_url},
+        log=tmp_path / "worker.log",
+    )  # fmt: skip
+    try:
+        # The worker runs tasks meanwhile: one enqueued after the schedule's first slot runs.
+        wait_until(lambda: _db_now(db_url) > rec.next_slot + timedelta(seconds=2), "two slots")  # type: ignore[operator]
+        _enqueue(db_url, "direct")
+        wait_until(
+            lambda: rows(db_url, "SELECT arg FROM effects") == [("direct",)],
+            "the enqueued task to run",
+            log=tmp_path / "worker.log",
+        )
+    finally:
+        code, _ = stop(worker)
+    assert code == 0, (tmp_path / "worker.log").read_text()
+    assert claims(db_url, "schedule:acme") == []
+    assert (app.schedules.get_sync("acme")).next_slot == rec.next_slot
+
+
+def _enqueue(db_url: str, tenant: str) -> None:
+    async def go() -> None:
+        application = fresh_app(db_url)
+        try:
+            task = importlib.import_module(APP).digest
+            await task.enqueue_committed(application.store, tenant=tenant)
+        finally:
+            await application.aclose()
+
+    asyncio.run(go())
+
+
+def _db_now(db_url: str) -> datetime:
+    if db_url.startswith("postgres"):
+        return _aware(rows(db_url, "SELECT clock_timestamp()")[0][0])
+    return datetime.now(timezone.utc)

@@ -40,6 +40,7 @@ from .migrations import (
     JOBS,
     LATEST,
     REQUIRED,
+    SCHEDULE_LEASES,
     SCHEDULES,
     SLOT_FATE,
     TASK_ERRORS,
@@ -142,6 +143,11 @@ class Database:
     def has_schedules(self) -> bool:
         """Whether the database has oncely_schedules (schema 17)."""
         return self._version is not None and self._version >= SCHEDULES
+
+    @property
+    def has_schedule_leases(self) -> bool:
+        """Whether oncely_schedules carries a lease on due rows (schema 19)."""
+        return self._version is not None and self._version >= SCHEDULE_LEASES
 
     def has_spare_connection(self) -> bool:
         """Whether the engine's pool can lend one more connection without waiting (a pool

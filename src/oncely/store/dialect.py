@@ -445,6 +445,10 @@ class ConnectionStatements(SqlFragments):
         (as an attempt does); False if an attempt at it is running right now."""
         return True
 
+    row_leases = False
+    """Whether the schedules' due rows are read with FOR UPDATE SKIP LOCKED and leased to the
+    reader (Postgres); else the single writer reads them as they are (SQLite)."""
+
     slot_locks = False
     """Whether `slot_held` sees a running attempt's lock (Postgres' advisory locks); else a
     running attempt is known by its record alone."""

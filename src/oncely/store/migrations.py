@@ -186,6 +186,16 @@ def _v18_notify_setting(conn: Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
+def _v19_leases(conn: Connection) -> None:
+    # Two nullable columns, no default: no row is rewritten. An older oncely runs on v19 (it
+    # reads the due rows without a lease, as before; the claim still decides each slot).
+    present = {c["name"] for c in sa.inspect(conn).get_columns("oncely_schedules")}
+    for column in (schedules.c.leased_until, schedules.c.leased_by):
+        if column.name not in present:
+            ddl = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE oncely_schedules ADD COLUMN {ddl}")
+
+
 Step = Callable[[Connection], Any]
 
 MIGRATIONS: list[tuple[int, str, Step]] = [
@@ -210,6 +220,11 @@ MIGRATIONS: list[tuple[int, str, Step]] = [
     ),
     (17, "oncely_schedules: schedules kept as data, found by their next slot", _v17_schedules),
     (18, "the NOTIFY trigger sends nothing where `oncely.notify` is off", _v18_notify_setting),
+    (
+        19,
+        "oncely_schedules: a short lease on a due row, one worker at a time",
+        _v19_leases,
+    ),
 ]
 """(version, what it adds, step); append only, never edit a released step."""
 
@@ -256,6 +271,10 @@ JOBS = 16
 
 SCHEDULES = 17
 """The schema version that holds oncely_schedules: older databases have no data schedules."""
+
+SCHEDULE_LEASES = 19
+"""The schema version whose schedules carry a lease (Postgres reads the due rows with FOR
+UPDATE SKIP LOCKED and leases them): older databases read them without one."""
 
 REQUIRED = 14
 """The oldest schema this oncely runs on. v4, v9 and v14 add columns that this oncely's

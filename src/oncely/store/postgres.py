@@ -432,6 +432,7 @@ class PostgresDialect(Dialect):
         return _sqlstate(exc) == _MISSING_TABLE and "oncely_" in str(exc)
 
     slot_locks = True
+    row_leases = True
 
     def record_options(self) -> dict[str, Any]:
         return {"isolation_level": "AUTOCOMMIT"}

@@ -115,16 +115,69 @@ def advance(name: str, expected: datetime, new: datetime | None) -> sa.Update:
     )
 
 
-def last_claims(prefix: str) -> sa.Select[Any]:
-    """The newest claim of each ledger name that starts with `prefix`."""
-    newest = (
-        sa.select(runs.c.job, sa.func.max(runs.c.claimed_at).label("at"))
-        .where(runs.c.job.like(f"{prefix}%"))
-        .group_by(runs.c.job)
-        .subquery()
+def lease_due(now: datetime, limit: int, replica: str, until: datetime) -> Any:
+    """Lease up to `limit` due active schedules to `replica` until `until`, earliest first:
+    rows another worker holds (locked by its read or its attempt, or leased and not expired)
+    are skipped (FOR UPDATE SKIP LOCKED), so one worker at a time attempts a due row."""
+    free = sa.or_(schedules.c.leased_until.is_(None), schedules.c.leased_until <= now)
+    picked = (
+        sa.select(schedules.c.name)
+        .where(schedules.c.state == "active", schedules.c.next_slot <= now, free)
+        .order_by(schedules.c.next_slot)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("picked")
     )
-    return sa.select(runs).join(
-        newest, sa.and_(runs.c.job == newest.c.job, runs.c.claimed_at == newest.c.at)
+    return (
+        sa.update(schedules)
+        .where(schedules.c.name == picked.c.name)
+        .values(leased_until=until, leased_by=replica)
+        .returning(*schedules.c)
+    )
+
+
+def renew_leases(names: list[str], replica: str, until: datetime) -> sa.Update:
+    """Extend the leases `replica` holds on schedules it is still attempting."""
+    return (
+        sa.update(schedules)
+        .where(schedules.c.name.in_(names), schedules.c.leased_by == replica)
+        .values(leased_until=until)
+    )
+
+
+def release_leases(names: list[str], replica: str) -> sa.Update:
+    """End the leases `replica` holds on schedules it is done with (or did not start)."""
+    return (
+        sa.update(schedules)
+        .where(schedules.c.name.in_(names), schedules.c.leased_by == replica)
+        .values(leased_until=None, leased_by=None)
+    )
+
+
+def last_claims(prefix: str) -> sa.Select[Any]:
+    """The newest claim of each schedule: per schedule, one lookup of the index
+    oncely_runs_job_claimed_at (its newest `claimed_at`, then that row), however long the
+    ledger; removed schedules' claims are not read."""
+    job = sa.literal(prefix) + schedules.c.name
+    other = runs.alias("newest")
+    newest = (
+        sa.select(sa.func.max(other.c.claimed_at))
+        .where(other.c.job == job)
+        .correlate(schedules)
+        .scalar_subquery()
+    )
+    return (
+        sa.select(runs)
+        .select_from(schedules)
+        .join(runs, sa.and_(runs.c.job == job, runs.c.claimed_at == newest))
+    )
+
+
+def counts() -> sa.Select[Any]:
+    """How many schedules there are, and how many of them are paused."""
+    paused = sa.case((schedules.c.state == "paused", 1), else_=0)
+    return sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(paused), 0)).select_from(
+        schedules
     )
 
 
@@ -329,6 +382,37 @@ class ScheduleStore:
                 conn = await conn.execution_options(**self.dialect.record_options())
                 return [record(r) for r in await conn.execute(due(now, limit))]
 
+    @property
+    def leasing(self) -> bool:
+        """Whether due rows are leased at the read (Postgres, schema 19)."""
+        return self.dialect.row_leases and self.store.has_schedule_leases
+
+    async def take_due(
+        self, now: datetime, limit: int, replica: str, until: datetime
+    ) -> list[ScheduleRecord]:
+        """The due schedules this worker may attempt: on Postgres leased to `replica` until
+        `until` (rows another worker holds are skipped); on SQLite, whose single writer
+        orders the attempts, read as they are (`due`)."""
+        if not self.leasing:
+            return await self.due(now, limit)
+        with self.store.translate():
+            async with self.store.engine.connect() as conn:
+                conn = await conn.execution_options(**self.dialect.record_options())
+                found = await conn.execute(lease_due(now, limit, replica, until))
+                return [record(r) for r in found]
+
+    async def renew(self, names: list[str], replica: str, until: datetime) -> None:
+        """Extend `replica`'s leases on the schedules it is still attempting."""
+        if names and self.leasing:
+            async with self._write() as conn:
+                await conn.execute(renew_leases(names, replica, until))
+
+    async def release(self, names: list[str], replica: str) -> None:
+        """End `replica`'s leases on `names`: other workers may attempt them at once."""
+        if names and self.leasing:
+            async with self._write() as conn:
+                await conn.execute(release_leases(names, replica))
+
     async def still_due(self, name: str, expected: datetime) -> bool:
         """Whether a schedule's next slot is still the one read (no replica has moved it on
         since): one lookup by name, before an attempt that would otherwise find its slot
@@ -355,5 +439,15 @@ class ScheduleStore:
 
     async def last_claims(self) -> dict[str, Claim]:
         """The newest claim of each schedule that has one, by schedule name."""
+        if not self.store.has_schedules:
+            return {}
         rows = await self.store.read(last_claims(LEDGER_PREFIX))
         return {r.job[len(LEDGER_PREFIX) :]: claim_from_row(r) for r in rows}
+
+    async def counts(self) -> tuple[int, int]:
+        """(how many schedules, how many of them paused): two counts, no rows read out."""
+        await self.store.ensure_schema()
+        if not self.store.has_schedules:
+            return 0, 0
+        total, paused = (await self.store.read(counts()))[0]
+        return int(total), int(paused)

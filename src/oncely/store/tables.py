@@ -329,6 +329,10 @@ schedules = sa.Table(
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("changed_at", UTCDateTime(), nullable=False),
     sa.Column("changed_by", sa.String(255), nullable=False),
+    # The worker attempting the row's due slots, until when (schema 19, Postgres): taken with
+    # FOR UPDATE SKIP LOCKED at the due read, so one worker at a time attempts a due row.
+    sa.Column("leased_until", UTCDateTime(), nullable=True),
+    sa.Column("leased_by", sa.String(255), nullable=True),
     comment="One row per schedule kept as data; its slots are claimed like a code job's.",
 )
 # The active schedules by their next slot: what the scheduler reads to find the due ones

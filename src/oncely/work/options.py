@@ -18,6 +18,15 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
+def _not_negative(name: str, value: float) -> float:
+    """A number of seconds where 0 means "none here" (`schedule_poll`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInputError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise BadInputError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def _count(name: str, value: int, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise BadInputError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -50,7 +59,8 @@ class WorkerOptions:
         _count("pool_size", self.pool_size)
         object.__setattr__(self, "lease", _positive("the lease", self.lease))
         object.__setattr__(self, "poll", _positive("poll", self.poll))
-        object.__setattr__(self, "schedule_poll", _positive("schedule_poll", self.schedule_poll))
+        poll = _not_negative("schedule_poll", self.schedule_poll)
+        object.__setattr__(self, "schedule_poll", poll)
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(self.queues) or None)
         if self.jobs is not None:

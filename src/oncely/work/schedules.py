@@ -10,6 +10,11 @@ that did not commit (failed, given up, paused, a duplicate) is moved on after it
 compare-and-set on the value read, so a change made meanwhile wins. A slot found busy (a
 replica runs it right now) or waiting for its retry is left due: it is looked at again.
 
+On Postgres the due rows are read with FOR UPDATE SKIP LOCKED and leased to the reader for
+LEASE seconds (renewed while their slots run, ended when they are done), so one worker at a
+time attempts a due row: replicas do not spend attempts on a slot another is running. SQLite
+keeps its single writer's read. The claim, not the lease, still decides who runs a slot.
+
 Rows are read afresh at every look: a schedule added, changed, paused or removed takes effect
 on every replica within one poll, without a restart.
 """
@@ -40,6 +45,10 @@ BATCH = 200
 """Due schedules read in one look; more are read at the next one, without waiting."""
 IN_FLIGHT = 8
 """Schedules whose slots one worker runs at once (each attempt holds a connection)."""
+LEASE = 10.0
+"""Seconds a due row read by this worker is its own (Postgres): renewed at every look while
+its slots run, ended when they are done; a worker that dies leaves its rows to the others
+after at most this."""
 HOLD_BUSY = 1.0
 """Seconds a schedule whose slot was busy (a replica runs it) is left alone by this worker."""
 OUTAGE_BACKOFF_MAX = 5.0
@@ -128,18 +137,24 @@ class ScheduleWorker:
                 return False
             await self._read_clock()
             now = self.now()
-            due = await self.store.schedules.due(now, BATCH)
+            until = now + timedelta(seconds=LEASE)
+            await self.store.schedules.renew(list(self._running), self.replica, until)
+            due = await self.store.schedules.take_due(now, BATCH, self.replica, until)
             self.looks += 1
         except OncelyError as exc:
             self._outage(exc)
             return False
         self._back()
         self._rng.shuffle(due)  # replicas that read the same rows start on different ones
-        started = 0
+        started, left = 0, []
         for record in due:
             if self._startable(record):
                 self._start(record, now)
                 started += 1
+            elif record.name not in self._running:  # still ours while its slots run
+                left.append(record.name)
+        with contextlib.suppress(OncelyError):
+            await self.store.schedules.release(left, self.replica)
         return len(due) >= BATCH and started > 0
 
     async def _read_clock(self) -> None:
@@ -184,7 +199,15 @@ class ScheduleWorker:
         return job
 
     async def _handle(self, record: ScheduleRecord, now: datetime) -> None:
-        """Decide and run the due slots of one schedule, then move its next slot on."""
+        """Decide and run the due slots of one schedule, move its next slot on, and end its
+        lease."""
+        try:
+            await self._run_due(record, now)
+        finally:
+            with contextlib.suppress(OncelyError):
+                await self.store.schedules.release([record.name], self.replica)
+
+    async def _run_due(self, record: ScheduleRecord, now: datetime) -> None:
         assert record.next_slot is not None
         try:
             job = self._job(record)
