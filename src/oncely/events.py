@@ -11,17 +11,21 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 logger = logging.getLogger("oncely")
 
 Observer = Callable[[str, Mapping[str, Any]], None]
 _observers: list[Observer] = []
+_wanted: dict[Observer, frozenset[str] | None] = {}
+"""Each observer's events (None: all of them)."""
 
 
-def subscribe(observer: Observer) -> None:
-    """Call `observer(event, fields)` for every event from now on (idempotent)."""
+def subscribe(observer: Observer, names: Collection[str] | None = None) -> None:
+    """Call `observer(event, fields)` for every event from now on, or only for the events
+    in `names` (idempotent: a second call replaces the first's `names`)."""
+    _wanted[observer] = None if names is None else frozenset(names)
     if observer not in _observers:
         _observers.append(observer)
 
@@ -30,6 +34,7 @@ def unsubscribe(observer: Observer) -> None:
     """Stop calling `observer`."""
     if observer in _observers:
         _observers.remove(observer)
+    _wanted.pop(observer, None)
 
 
 ROUTINE = frozenset({"run.skipped", "run.busy", "run.paused"})
@@ -75,11 +80,18 @@ def level_of(event: str, default: int = logging.INFO) -> int:
 
 
 def emit(event: str, text: str, *, level: int = logging.INFO, **fields: Any) -> None:
-    """Log one event with its fields (a field that is None is left out) and tell observers."""
-    present = {k: v for k, v in fields.items() if v is not None}
-    for observer in list(_observers):
-        observer(event, present)
+    """Log one event with its fields (a field that is None is left out) and tell observers.
+
+    When no observer wants the event and the logger would drop it, nothing more is done:
+    a worker's per-task events cost a level check when nobody listens."""
+    observers = [o for o in _observers if (names := _wanted.get(o)) is None or event in names]
     level = level_of(event, level)
-    if logger.isEnabledFor(level):
+    logged = logger.isEnabledFor(level)
+    if not observers and not logged:
+        return
+    present = {k: v for k, v in fields.items() if v is not None}
+    for observer in observers:
+        observer(event, present)
+    if logged:
         tail = " ".join(f"{k}={v}" for k, v in present.items())
         logger.log(level, "%s: %s %s", event, text, tail, extra={"event": event, "fields": present})

@@ -299,4 +299,4 @@ def _on_event(event: str, fields: Mapping[str, Any]) -> None:
     slot.end()
 
 
-events.subscribe(_on_event)
+events.subscribe(_on_event, SPAN_EVENTS)

@@ -265,3 +265,40 @@ async def _ack_calls(app: Oncely, *, at_least: int) -> int:
         if calls >= at_least or asyncio.get_running_loop().time() > deadline:
             return calls
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.postgres
+async def test_leased_ahead_tasks_that_take_lanes_freed_together_are_counted_in_one_statement(
+    pg_app: Oncely, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 no-op tasks at concurrency 10: the attempts that end in one turn of the event loop
+    free their lanes together, and the leased-ahead tasks that take those lanes have their
+    attempts counted in one statement, not one statement each. Every task still runs once,
+    its attempt counted once."""
+    app = pg_app
+    ran: list[int] = []
+
+    @app.task
+    async def nothing(db, n: int):  # type: ignore[no-untyped-def]
+        ran.append(n)
+
+    calls: list[int] = []
+    counting = app.store.tasks.begin_attempts
+
+    async def counted(leased: Any, engine: Any) -> dict[int, int]:
+        calls.append(len(leased))
+        return await counting(leased, engine)
+
+    monkeypatch.setattr(app.store.tasks, "begin_attempts", counted)
+    await in_tx(app, lambda db: nothing.enqueue_many(db, [{"n": i} for i in range(200)]))
+
+    async def done() -> bool:
+        return (await app.store.tasks.count()).get("succeeded", 0) == 200
+
+    await drain(app, done, concurrency=10)
+    assert sorted(ran) == list(range(200))
+    async with app.store.engine.connect() as conn:
+        attempts = (await conn.execute(sa.text("SELECT attempt FROM oncely_tasks"))).scalars()
+        assert set(attempts) == {1}
+    assert sum(calls) > 0  # tasks were leased ahead and counted as they started
+    assert len(calls) <= sum(calls) / 2, calls  # without: [1, 1, 1, ...], one per task

@@ -379,8 +379,11 @@ class TaskTransaction:
                 if self._driver is not None:
                     with contextlib.suppress(Exception):
                         await self.dialect.rollback_task(self._driver)
-                with contextlib.suppress(Exception):
-                    await self.session.close()
+                # A task that made no statement holds no transaction nor connection: unless
+                # it left objects in the session, there is nothing to close.
+                if self._conn is not None or sync.new or sync.identity_map:
+                    with contextlib.suppress(Exception):
+                        await self.session.close()
         finally:
             sync.info.pop(_TX, None)
             end(sync)

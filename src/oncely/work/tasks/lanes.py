@@ -50,6 +50,8 @@ class Lanes:
         """A BaseException an attempt let through (a simulated crash): the worker stops."""
         self.stopping = False
         """Set by the shutdown: no task starts any more."""
+        self._soon: asyncio.Handle | None = None
+        """A dispatch due at the loop's next turn, for the attempts that ended in this one."""
 
     def free(self) -> int:
         """Lanes neither running nor promised to a leased task: those a lease starts at once."""
@@ -128,6 +130,14 @@ class Lanes:
         if not task.cancelled() and task.exception() is not None and self.crash is None:
             self.crash = task.exception()  # a BaseException the attempt let through
         self.leases.room.set()
+        # Attempts that end together (done callbacks of one loop turn) free their lanes in
+        # one dispatch: the leased-ahead tasks that take them are counted in one statement,
+        # not one statement each.
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._dispatch_soon)
+
+    def _dispatch_soon(self) -> None:
+        self._soon = None
         self._dispatch()
 
     async def _attempt(
