@@ -27,6 +27,7 @@ from ..errors import BadInputError, OncelyError, SchemaMissingError, TaskStateEr
 from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
 from . import sql, task_queue_sql
 from .database import Database
+from .dialect import Dialect
 from .rows import attempt_from_row, audit_from_row, claim_from_row, record
 from .session import pause_read
 from .task_queue import TaskQueue
@@ -131,6 +132,20 @@ class CancelSignals:
             event.set()
 
 
+async def write_audit(conn: AsyncConnection, dialect: Dialect, action: Action, result: str) -> None:
+    """Write an operator action's audit row in `conn`'s open transaction (the action's own)."""
+    values = {
+        "at": dialect.now(),
+        "actor": action.actor[:255],
+        "action": action.action,
+        "job": action.job,
+        "target": action.target[:500],
+        "reason": action.reason,
+        "result": result,
+    }
+    await conn.execute(sql.audit_row(values))
+
+
 class Control:
     """Pauses, attempt records, cancel requests and audited operator actions on one store."""
 
@@ -167,16 +182,7 @@ class Control:
                     yield conn
 
     async def _audit(self, conn: AsyncConnection, action: Action, result: str) -> None:
-        values = {
-            "at": self.dialect.now(),
-            "actor": action.actor[:255],
-            "action": action.action,
-            "job": action.job,
-            "target": action.target[:500],
-            "reason": action.reason,
-            "result": result,
-        }
-        await conn.execute(sql.audit_row(values))
+        await write_audit(conn, self.dialect, action, result)
 
     async def refused(self, action: Action, error: OncelyError) -> None:
         """Record a refused action (its target exists) in a transaction of its own."""

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..errors import ScheduleError, SchemaMissingError, UnknownScheduleError
 from ..model import Claim, ScheduleRecord
 from . import sql
-from .control import Action
+from .control import Action, write_audit
 from .database import Database
 from .rows import claim_from_row
 from .tables import jobs, runs, schedules
@@ -248,16 +248,7 @@ class ScheduleStore:
         await conn.execute(sql.record_jobs(self.dialect.insert(), [job], self.dialect.now()))
 
     async def _audit(self, conn: AsyncConnection, action: Action, result: str) -> None:
-        values = {
-            "at": self.dialect.now(),
-            "actor": action.actor[:255],
-            "action": action.action,
-            "job": action.job,
-            "target": action.target[:500],
-            "reason": action.reason,
-            "result": result,
-        }
-        await conn.execute(sql.audit_row(values))
+        await write_audit(conn, self.dialect, action, result)
 
     async def get(self, name: str) -> ScheduleRecord:
         """One schedule; UnknownScheduleError if there is none of that name."""
