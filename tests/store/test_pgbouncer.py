@@ -74,21 +74,27 @@ def pgbouncer(postgres_database: str) -> Iterator[str]:
     for path in folder.iterdir():
         path.chmod(0o644)
     user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    # Its log goes to a file: a pipe nobody reads fills up, and PgBouncer, blocked writing
+    # its log, stops answering every client.
+    log = (folder / "pgbouncer.log").open("wb")
     proc = subprocess.Popen(
-        [PGBOUNCER, *user, str(folder / "pgbouncer.ini")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        [PGBOUNCER, *user, str(folder / "pgbouncer.ini")], stdout=log, stderr=subprocess.STDOUT
     )
     try:
         deadline = time.monotonic() + 20
         while not _accepts(port):
-            assert proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
+            assert proc.poll() is None, (folder / "pgbouncer.log").read_text()
             assert time.monotonic() < deadline, "pgbouncer did not start listening"
             time.sleep(0.05)
         yield server.set(port=port).render_as_string(hide_password=False)
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # clients still connected after a failure
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
