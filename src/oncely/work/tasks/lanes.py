@@ -137,14 +137,17 @@ class Lanes:
 
     def _lanes(self) -> list[list[Leased]]:
         """The ready tasks that start now, a lane each, or a group each when more are ready
-        than lanes are free (as many per group as spreads them over the free lanes)."""
+        than lanes are free (as many per group as spreads them over the free lanes, or over
+        the pool's connections if fewer)."""
         room = self.options.concurrency - self.busy
         ready = self.ready
         if self.stopping or room <= 0 or not ready:
             return []
         size = 1
         if len(ready) > room and self.groups.possible():
-            size = min(self.options.group, -(-len(ready) // room))
+            # Spread over the lanes that can hold a connection at once: at most the pool's.
+            spread = min(room, self.options.pool_size)
+            size = min(self.options.group, -(-len(ready) // spread))
         lanes: list[list[Leased]] = []
         while ready and len(lanes) < room:
             lane = [ready.popleft()]
