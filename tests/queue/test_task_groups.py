@@ -6,6 +6,7 @@ mid-group commits nothing of it, and its tasks run again, each effect once."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import signal
 from pathlib import Path
@@ -217,6 +218,44 @@ async def test_a_group_whose_commit_fails_runs_every_task_again_once(
         n: ("succeeded", 1) for n in range(8)
     }
     assert messages.seen["group begun"] == 1
+
+
+async def test_a_cancel_mid_group_discards_that_task_and_runs_its_neighbours_again_once(
+    pg_app: Oncely,
+) -> None:
+    calls: collections.Counter[int] = collections.Counter()
+    started = asyncio.Event()
+
+    @pg_app.task
+    async def write(db: Any, n: int, stuck: bool = False) -> None:
+        calls[n] += 1
+        await db.execute(INSERT, {"n": n})
+        if stuck:
+            started.set()
+            await asyncio.Event().wait()  # an HTTP call that never answers
+
+    entries = [{"n": n, "stuck": n == 2} for n in range(5)]
+    await in_tx(pg_app, lambda db: write.enqueue_many(db, entries))
+    asked: list[int] = []
+
+    async def done() -> bool:
+        rows = await tasks_by_n(pg_app)
+        if started.is_set() and not asked:
+            answer, _ = await pg_app.cancel_task(rows[2].id, actor="test", reason="stuck")
+            assert answer == "cancel requested"
+            asked.append(rows[2].id)
+        return [r.state for _, r in sorted(rows.items())] == [
+            "succeeded",
+            "succeeded",
+            "discarded",
+            "succeeded",
+            "succeeded",
+        ]
+
+    await drain(pg_app, done, timeout=60, concurrency=1, group=5)
+    # The group rolled back whole: tasks 0 and 1 ran again, 3 and 4 once; each effect once.
+    assert calls == {0: 2, 1: 2, 2: 1, 3: 1, 4: 1}
+    assert await effects(pg_app) == [0, 1, 3, 4]
 
 
 async def test_sync_and_timed_tasks_are_not_grouped(pg_app: Oncely, recorded: Any) -> None:
