@@ -157,6 +157,8 @@ RATE = "1000000/s"
 class Oncely(System):
     name = "oncely"
     drains = ("noop", "one_row", "keyed", "rated")
+    group = 1
+    """The worker's `group` (--group): with a backlog, up to this many tasks per transaction."""
 
     async def setup(self, dsn: str) -> None:
         import sqlalchemy as sa
@@ -271,7 +273,10 @@ class Oncely(System):
         from oncely.queue import consume
 
         stopping = asyncio.Event()
-        worker = asyncio.create_task(consume(self.app, stopping, concurrency=concurrency))
+        grouped = {"group": self.group} if self.group > 1 else {}
+        worker = asyncio.create_task(
+            consume(self.app, stopping, concurrency=concurrency, **grouped)
+        )
         await wait_empty(self.dsn, PENDING)
         stopping.set()
         await worker
@@ -562,6 +567,13 @@ async def main() -> None:
     )
     parser.add_argument("--no-latency", action="store_true", help="skip the latency rows")
     parser.add_argument(
+        "--group",
+        type=int,
+        default=1,
+        help="oncely's worker runs up to this many tasks of a backlog in one transaction, a"
+        " savepoint each (`oncely worker --group`; 1: each task in its own)",
+    )
+    parser.add_argument(
         "--no-fsync",
         action="store_true",
         help="every system's database commits without waiting for the disk (synchronous_commit"
@@ -569,6 +581,7 @@ async def main() -> None:
         " disk",
     )
     args = parser.parse_args()
+    Oncely.group = args.group
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
     classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
     systems: list[System] = []

@@ -329,6 +329,7 @@ class Oncely:
         queues: list[str] | None = None,
         pool_size: int = config.POOL_SIZE,
         schedule_poll: float = config.SCHEDULE_POLL,
+        group: int = config.GROUP,
     ) -> None:
         """Run the scheduled jobs (all, or `jobs`) and the tasks until `stopping` is set.
 
@@ -341,7 +342,10 @@ class Oncely:
         each in its own transaction on a pool of `pool_size` connections, leased for `lease`
         seconds (default `Oncely(lease=...)`), from `queues` (default: all). Without `jobs`,
         the schedules kept as data (`app.schedules`) run too: their due rows are read every
-        `schedule_poll` seconds, so a change reaches this worker within that.
+        `schedule_poll` seconds, so a change reaches this worker within that. With `group`
+        above 1, a worker with a backlog runs up to that many async tasks (Postgres, no
+        timeout) one after another in one transaction, a savepoint each, one COMMIT for all
+        (docs/tasks.md, "Groups of tasks").
         """
         options = self._options(
             jobs=jobs,
@@ -352,6 +356,7 @@ class Oncely:
             queues=queues,
             pool_size=pool_size,
             schedule_poll=schedule_poll,
+            group=group,
         )
         await supervisor.serve(
             self.store,

@@ -9,6 +9,12 @@ CONCURRENCY = 10
 POOL_SIZE = 10
 """Connections of a worker's pool: at most this many tasks are inside a transaction at once
 (a task holds one from its first statement to its commit; one that makes none holds none)."""
+GROUP = 1
+"""Tasks a worker may run one after another in one transaction, a savepoint each, when it has
+a backlog (Postgres, async tasks without a timeout): 1, no groups."""
+GROUP_MAX = 50
+"""The largest group: every task of a group holds a subtransaction, and Postgres keeps at
+most 64 of a transaction's in shared memory before other backends' snapshots get slower."""
 BATCH = 500
 """The most tasks a worker leases in one statement."""
 PREFETCH = 50

@@ -51,6 +51,16 @@ def _job_list(value: str | None) -> list[str] | None:
     "its commit; one that makes no statement holds none.",
 )
 @click.option(
+    "--group",
+    default=config.GROUP,
+    show_default=True,
+    type=click.IntRange(min=1, max=config.GROUP_MAX),
+    metavar="N",
+    help="With a backlog, run up to N async tasks one after another in one transaction, a "
+    "savepoint each, one COMMIT for all (Postgres; tasks without a timeout). A COMMIT that "
+    "fails runs every task of its group again; 1: each task in its own transaction.",
+)
+@click.option(
     "--lease",
     type=Finite(0, open_min=True),
     metavar="SECONDS",
@@ -77,6 +87,7 @@ def worker(
     startup_wait: float,
     concurrency: int,
     pool_size: int,
+    group: int,
     lease: float | None,
     queues: str | None,
     schedule_poll: float,
@@ -98,6 +109,7 @@ def worker(
             handle_signals=True,
             concurrency=concurrency,
             pool_size=pool_size,
+            group=group,
             lease=lease,
             queues=_job_list(queues),
             schedule_poll=schedule_poll,

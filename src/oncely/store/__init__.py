@@ -28,6 +28,7 @@ from .store import Store
 from .tables import metadata, runs, schema_versions, task_starts
 from .tables import tasks as tasks_table
 from .task_connections import TaskPool
+from .task_group import GroupMember, TaskGroup
 from .task_queue import AttemptGivenUp, Fence, Leased, Settle, TaskQueue, TaskTransaction
 from .task_queue import enqueue as enqueue_in
 from .task_queue import enqueue_sync as enqueue_in_sync
@@ -47,10 +48,12 @@ __all__ = [
     "ClaimAnswer",
     "ClaimRequest",
     "Fence",
+    "GroupMember",
     "Leased",
     "Settle",
     "Store",
     "TaskFilter",
+    "TaskGroup",
     "TaskPool",
     "TaskQueue",
     "TaskTransaction",

@@ -508,6 +508,35 @@ class ConnectionStatements(SqlFragments):
         """Roll back a task's transaction begun on the driver, if it is still open."""
         raise NotImplementedError
 
+    def can_group(self, engine: AsyncEngine) -> bool:
+        """Whether tasks' transactions on `engine` (a worker's pool) can hold a group of tasks,
+        a savepoint each, driven on the driver (`begin_group`): Postgres on asyncpg."""
+        return False
+
+    async def begin_group(self, conn: AsyncConnection, *, begun: bool = False) -> Any:
+        """Begin a group's durable transaction on `conn` (unless `begun`: handed over in one)
+        and take the first task's savepoint; the driver connection, for the calls below."""
+        raise NotImplementedError
+
+    async def ack_in_group(self, driver: Any, task_id: int, token: str, *, function: bool) -> bool:
+        """Ack a task of a group iff its lease is still ours, then release its savepoint and
+        take the next task's, in one round trip; False if the lease was lost (the task's work
+        rolled back to its savepoint, which stays for the next task)."""
+        raise NotImplementedError
+
+    async def undo_in_group(self, driver: Any) -> None:
+        """Roll a group's task back to its savepoint (which stays for the next task)."""
+        raise NotImplementedError
+
+    async def next_in_group(self, driver: Any) -> None:
+        """Release the savepoint of a group's task and take the next task's."""
+        raise NotImplementedError
+
+    async def commit_group(self, driver: Any, *, begin_next: bool = False) -> None:
+        """Commit a group's transaction (with `begin_next`, begin the next transaction in the
+        same round trip, for a task waiting for the connection)."""
+        raise NotImplementedError
+
     writes_in_with = False
     """Whether a statement can UPDATE in a WITH and INSERT from it (Postgres): a failed
     attempt's outcome and its history row in one statement, atomic on an autocommit

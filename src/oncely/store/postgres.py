@@ -47,6 +47,10 @@ from .postgres_statements import (
     DRIVER_LOCK_AND_CLAIM,
     DRIVER_LOCK_AND_CLAIM_STATEMENT,
     ENQUEUE,
+    GROUP_BEGIN,
+    GROUP_NEXT,
+    GROUP_SAVEPOINT,
+    GROUP_UNDO,
     LOCK_AND_CLAIM,
     SLOT_HELD,
     TASK_ACK_FUNCTION_DDL,
@@ -309,6 +313,35 @@ class PostgresDialect(Dialect):
 
     async def rollback_task(self, driver: Any) -> None:
         await self.rollback_attempt(driver)
+
+    def can_group(self, engine: AsyncEngine) -> bool:
+        options = engine.get_execution_options()
+        return engine.dialect.driver == "asyncpg" and options.get("isolation_level") == (
+            "AUTOCOMMIT"
+        )
+
+    async def begin_group(self, conn: AsyncConnection, *, begun: bool = False) -> Any:
+        driver = driver_of(conn)
+        begin = not (begun and driver.is_in_transaction())
+        await driver.execute(GROUP_BEGIN if begin else GROUP_SAVEPOINT)
+        return driver
+
+    async def ack_in_group(self, driver: Any, task_id: int, token: str, *, function: bool) -> bool:
+        try:
+            await driver.execute(task_ack_sql(task_id, token, function=function, then=GROUP_NEXT))
+        except (asyncpg.DivisionByZeroError, asyncpg.NoDataFoundError):
+            await driver.execute(GROUP_UNDO)
+            return False
+        return True
+
+    async def undo_in_group(self, driver: Any) -> None:
+        await driver.execute(GROUP_UNDO)
+
+    async def next_in_group(self, driver: Any) -> None:
+        await driver.execute(GROUP_NEXT)
+
+    async def commit_group(self, driver: Any, *, begin_next: bool = False) -> None:
+        await driver.execute(f"COMMIT; {TASK_BEGIN}" if begin_next else "COMMIT")
 
     def migration_lock(self) -> Step | None:
         return (

@@ -197,13 +197,14 @@ async def claim_on_driver(conn: Any, job: str, key: str, claimed_by: str) -> boo
 
 TASK_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO on"
 _ACK_ONE = task_queue_sql.ack_one(sa.func.clock_timestamp())
-TASK_ACK_AND_COMMIT = (  # the id and token go in by `task_ack_sql`, validated
+TASK_ACK = (  # the id and token go in by `task_ack_sql`, validated
     "WITH acked AS ("  # noqa: S608 - rendered from the ack's statement, no value in it
     + simple_query(
         _ACK_ONE.returning(sa.literal_column("1")), {"p_id": "{id:d}", "p_token": "'{token}'"}
     )
-    + ") SELECT 1 / count(*) FROM acked; COMMIT"
+    + ") SELECT 1 / count(*) FROM acked"
 )
+TASK_ACK_AND_COMMIT = TASK_ACK + "; COMMIT"
 # Schema 13: the same ack as a function, so that the server plans its UPDATE once per
 # connection (plpgsql keeps the plan) instead of at every task: the UPDATE's planning, with the
 # table's ten partial indexes to weigh, cost more server CPU than its run (on one connection,
@@ -223,18 +224,35 @@ TASK_ACK_FUNCTION_DDL = (
     $$ LANGUAGE plpgsql
     """,
 )
-TASK_ACK_CALL_AND_COMMIT = "SELECT oncely_task_ack({id:d}, '{token}'); COMMIT"
+TASK_ACK_CALL = "SELECT oncely_task_ack({id:d}, '{token}')"
+TASK_ACK_CALL_AND_COMMIT = TASK_ACK_CALL + "; COMMIT"
 # The values above are written into the message, not bound: a simple query (the only kind
 # that carries a COMMIT with it) takes no parameters. Both are oncely's own: the task's id (an
 # int) and the worker's lease token, which must match this pattern (see TaskWorker.token).
 _TOKEN = re.compile(r"[0-9a-f]{1,32}\.[0-9]{1,20}")
 
 
-def task_ack_sql(task_id: int, token: str, *, function: bool = False) -> str:
+def task_ack_sql(task_id: int, token: str, *, function: bool = False, then: str = "COMMIT") -> str:
+    """The ack of one task as a simple query, followed by `then` (its COMMIT, or in a group
+    the release of the task's savepoint and the next one's)."""
     if not isinstance(task_id, int) or not _TOKEN.fullmatch(token):
         raise BadInputError(f"not a task id and lease token: {task_id!r}, {token!r}")
-    sql = TASK_ACK_CALL_AND_COMMIT if function else TASK_ACK_AND_COMMIT
-    return sql.format(id=task_id, token=token)
+    sql = TASK_ACK_CALL if function else TASK_ACK
+    return f"{sql.format(id=task_id, token=token)}; {then}"
+
+
+# -- a group of tasks in one transaction, a savepoint each ----------------------------------
+# With `WorkerOptions.group`, a worker with a backlog runs up to that many async tasks one
+# after another on one connection, in one durable transaction, each inside the savepoint
+# below (docs/design/task-execution.md, "Groups of tasks with a savepoint each"). A savepoint
+# is always open while a task runs: taken with the group's BEGIN, and after each task's ack or
+# failure released and taken again in the same message. A task that raises or lost its lease
+# rolls back to it (ROLLBACK TO keeps the savepoint, for the next task).
+
+GROUP_SAVEPOINT = "SAVEPOINT oncely_task"
+GROUP_BEGIN = f"{TASK_BEGIN}; {GROUP_SAVEPOINT}"
+GROUP_NEXT = f"RELEASE SAVEPOINT oncely_task; {GROUP_SAVEPOINT}"
+GROUP_UNDO = "ROLLBACK TO SAVEPOINT oncely_task"
 
 
 # -- a caller's AsyncSession on asyncpg -------------------------------------------------------

@@ -21,6 +21,7 @@ from .control import Control
 from .database import Database
 from .session import violation
 from .task_connections import TaskPool
+from .task_group import TaskGroup
 from .task_queue import Fence, Leased, Settle, TaskQueue, TaskTransaction
 
 
@@ -145,6 +146,15 @@ class WorkerConnections:
     def transaction(self, item: Leased, pool_size: int, *, eager: bool) -> TaskTransaction:
         """The transaction of one async attempt, on a connection of the pool."""
         return self._tasks.transaction(self._task_pool(pool_size), item, eager=eager)
+
+    def can_group(self, pool_size: int) -> bool:
+        """Whether tasks can run in groups on this store's pool (Postgres on asyncpg)."""
+        return self._db.dialect.can_group(self._task_pool(pool_size).engine)
+
+    def group(self, pool_size: int) -> TaskGroup:
+        """The transaction of a group of async tasks, a savepoint each, on a connection of
+        the pool (see store/task_group.py)."""
+        return TaskGroup(self._tasks, self._task_pool(pool_size))
 
     def sync_session(self, *, eager: bool) -> tuple[Session, list[bool]]:
         """A sync session for one plain `def` task's transaction, and a list that gets an

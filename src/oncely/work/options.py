@@ -52,11 +52,17 @@ class WorkerOptions:
     startup_wait: float = config.STARTUP_WAIT
     schedule_poll: float = config.SCHEDULE_POLL
     """Seconds between two looks at the due schedules kept as data (0: none run here)."""
+    group: int = config.GROUP
+    """With a backlog, up to this many async tasks run one after another in one transaction,
+    a savepoint each (Postgres; 1: each task in a transaction of its own)."""
 
     def __post_init__(self) -> None:
         _count("concurrency", self.concurrency, least=0)
         _count("batch", self.batch)
         _count("pool_size", self.pool_size)
+        _count("group", self.group)
+        if self.group > config.GROUP_MAX:
+            raise BadInputError(f"group must be at most {config.GROUP_MAX}, got {self.group!r}")
         object.__setattr__(self, "lease", _positive("the lease", self.lease))
         object.__setattr__(self, "poll", _positive("poll", self.poll))
         poll = _not_negative("schedule_poll", self.schedule_poll)
@@ -80,6 +86,7 @@ class WorkerOptions:
         shutdown_timeout: float = config.SHUTDOWN_TIMEOUT,
         startup_wait: float = config.STARTUP_WAIT,
         schedule_poll: float = config.SCHEDULE_POLL,
+        group: int = config.GROUP,
     ) -> WorkerOptions:
         """Options from keyword arguments where None means the default."""
         return cls(
@@ -93,6 +100,7 @@ class WorkerOptions:
             shutdown_timeout=shutdown_timeout,
             startup_wait=startup_wait,
             schedule_poll=schedule_poll,
+            group=group,
         )
 
     @property

@@ -83,7 +83,7 @@ class AttemptRunner:
                     if task is None:
                         raise LookupError(f"no task {item.task!r} is registered in this worker")
                     if task.is_async:
-                        value = await self._call(task, tx.session, item.args)
+                        value = await self.call(task, tx.session, item.args)
                         result = encode_result(value, task.name, task.limits.max_result)
                         committed = await tx.commit(result)
                     else:
@@ -105,7 +105,9 @@ class AttemptRunner:
                 return LeaseLost(item)
             return Succeeded(item, duration, settled=committed is True, result=result)
 
-    async def _call(self, task: Task, session: AsyncSession, args: dict[str, Any]) -> Any:
+    async def call(self, task: Task, session: AsyncSession, args: dict[str, Any]) -> Any:
+        """Call an async task's body on `session` (within its timeout, if it has one); its
+        value, or what it raised (a use of oncely's session it may not make, too)."""
         call = task.func(session, **args)
         if task.timeout is not None:
             value = await asyncio.wait_for(call, task.timeout)

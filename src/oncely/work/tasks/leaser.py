@@ -80,9 +80,10 @@ class Leaser:
     async def run(self, stopping: asyncio.Event) -> None:
         """Keep up to `concurrency` tasks running and `prefetch` more leased, until stopping."""
         options, leases, lanes, listener = self.options, self.leases, self.lanes, self.listener
-        capacity = options.concurrency + options.prefetch
-        low = max(1, capacity // 4)
         while not stopping.is_set() and lanes.crash is None:
+            # With groups, a lane's group is leased too: a backlog to group.
+            capacity = options.concurrency * lanes.per_lane() + options.prefetch
+            low = max(1, capacity // 4)
             room = capacity - leases.in_flight()  # decided: no longer in flight
             if room < low:
                 leases.room.clear()

@@ -53,6 +53,11 @@ class Settler:
         self.to_settle.set()
         self.leases.room.set()
 
+    def written(self, outcome: Outcome) -> None:
+        """An outcome written in its group's transaction, which committed: logged now."""
+        self.leases.drop(outcome.item.id)
+        self.emit(outcome)
+
     def emit(self, outcome: Outcome) -> None:
         """Log an outcome once it is in the database, and end its attempt's span with it."""
         name, text, level, fields = event(outcome)

@@ -25,6 +25,7 @@ from ...tasks import TaskRegistry
 from ..options import WorkerOptions
 from . import timing
 from .attempt import AttemptRunner
+from .group import GroupRunner
 from .lanes import Lanes
 from .leaser import Leaser
 from .leases import Leases
@@ -59,7 +60,8 @@ class TaskWorker:
         spans: Spans = {}
         self.settler = Settler(conns, leases, self.wakeups, spans)
         self.attempts = AttemptRunner(conns, tasks, options, spans)
-        self.lanes = Lanes(conns, options, leases, self.attempts, self.settler)
+        self.groups = GroupRunner(conns, tasks, options, spans, self.attempts)
+        self.lanes = Lanes(conns, options, leases, self.attempts, self.settler, self.groups)
         self.unrunnable = Unrunnable(conns, tasks, leases, self.id)
         self.leaser = Leaser(
             conns,

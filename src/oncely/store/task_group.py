@@ -1,0 +1,149 @@
+"""A group of tasks in one transaction, a savepoint each (`WorkerOptions.group`, Postgres).
+
+A worker with a backlog may run several short async tasks one after another on one
+connection of its pool, in one durable transaction: each task's statements and its ack run
+inside a savepoint of their own, a task that raises or lost its lease is rolled back to its
+savepoint (its failure is then written in the same transaction), and one COMMIT lands every
+task's work with its ack. Nothing of the group is in the database before that COMMIT: a worker
+that dies mid-group leaves every task of it leased, to run again when the lease runs out; a
+COMMIT that fails lands none of them, and the worker runs each again on its own. The round
+trips per task that writes one row: its statement and its ack (which releases its savepoint
+and takes the next in the same message); the BEGIN and the COMMIT are the group's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from .. import hooks
+from .session import end, take_over
+from .task_connections import TaskPool
+from .task_queue import _TX, Leased, Settle, TaskQueue, TaskSession
+
+
+class TaskGroup:
+    """The transaction of a group of tasks, on one connection of the worker's pool."""
+
+    def __init__(self, tasks: TaskQueue, pool: TaskPool) -> None:
+        self.tasks = tasks
+        self.pool = pool
+        self.dialect = tasks.dialect
+        self._conn: AsyncConnection | None = None
+        self._driver: Any = None
+        self._next_begun = False
+
+    async def begin(self) -> None:
+        """Take a connection of the pool (waiting in line for one), begin the group's
+        transaction on it and take the first task's savepoint."""
+        conn, begun = await self.pool.take()
+        self._conn = conn
+        with self.tasks.db.translate():
+            self._driver = await self.dialect.begin_group(conn, begun=begun)
+
+    def member(self, item: Leased) -> GroupMember:
+        """The next task of the group: its session runs inside the group's transaction."""
+        assert self._conn is not None, "begin() first"
+        return GroupMember(self, item, self._conn)
+
+    async def record(self, settle: Settle) -> bool:
+        """Write a failed task's retry or end in the group's transaction (its work was rolled
+        back to its savepoint), iff its lease is still ours; then the next task's savepoint."""
+        assert self._conn is not None
+        with self.tasks.db.translate():
+            written = await self.tasks._record_outcomes(self._conn, [settle])
+            await self._conn.rollback()  # SQLAlchemy's own: sends nothing in autocommit
+            await self.dialect.next_in_group(self._driver)
+        return settle.item.id in written
+
+    async def commit(self) -> None:
+        """Commit every task's work and ack, and the failures written, at once (raises an
+        OncelyError, nothing of the group committed, if the COMMIT fails)."""
+        begin_next = self.pool.waiting
+        with self.tasks.db.translate():
+            await self.dialect.commit_group(self._driver, begin_next=begin_next)
+        self._next_begun = begin_next and self._driver.is_in_transaction()
+
+    async def close(self) -> None:
+        """Roll back what did not commit and give the connection back (or hand it, in a
+        transaction begun for it, to a task waiting for one)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._next_begun and self.pool.hand_off(conn):
+            return
+        if self._driver is not None:
+            with contextlib.suppress(Exception):  # a broken connection: the pool closes it
+                await self.dialect.rollback_task(self._driver)
+        await self.pool.give(conn)
+
+
+class GroupMember:
+    """One task of a group: its session, and its ack or undo inside its savepoint."""
+
+    def __init__(self, group: TaskGroup, item: Leased, conn: AsyncConnection) -> None:
+        self.group = group
+        self.pool = group.pool  # what `task_queue._bound` reads of a task's session
+        self.item = item
+        self._conn = conn
+        self.touched = False
+        """The task made a statement (inside its savepoint)."""
+        self.session = AsyncSession(
+            bind=group.pool.engine, sync_session_class=TaskSession, expire_on_commit=False
+        )
+        self.session.sync_session.info[_TX] = self
+
+    def connection(self) -> Connection:
+        """The group's connection (the task's session asks at its first statement)."""
+        sync = self._conn.sync_connection
+        assert sync is not None
+        return sync
+
+    def began(self, connection: Connection) -> None:
+        """The session began: its statements run inside the task's savepoint."""
+        self.touched = True
+
+    async def ack(self, result: str | None = None) -> bool | None:
+        """Flush what the task left pending, then ack it inside its savepoint: True; False if
+        its lease was lost (rolled back to its savepoint); None if it made no statement (its
+        ack is a `Settle` for the worker to write)."""
+        session, sync = self.session, self.session.sync_session
+        if sync.new or sync.dirty or sync.deleted:
+            await session.flush()  # the task's own work: an error here is the task's
+        if not self.touched:
+            return None
+        take_over(sync)
+        group, item = self.group, self.item
+        tasks = group.tasks
+        with tasks.db.translate():
+            hooks.before_commit(item.task, str(item.id))
+            if result is None:
+                return await group.dialect.ack_in_group(
+                    group._driver, item.id, item.token, function=tasks.db.has_ack_function
+                )
+            if (await session.execute(*tasks.ack_one(item, result))).first() is None:
+                await group.dialect.undo_in_group(group._driver)
+                return False
+            await group.dialect.next_in_group(group._driver)
+            return True
+
+    async def undo(self) -> None:
+        """The task raised: roll its work back to its savepoint, if it made a statement."""
+        take_over(self.session.sync_session)
+        if self.touched:
+            with self.group.tasks.db.translate():
+                await self.group.dialect.undo_in_group(self.group._driver)
+
+    async def close(self) -> None:
+        """End the task's session (its statements are the group's now)."""
+        sync = self.session.sync_session
+        take_over(sync)
+        try:
+            if self.touched or sync.new or sync.identity_map:
+                await self.session.close()  # sends nothing: the transaction is the driver's
+        finally:
+            sync.info.pop(_TX, None)
+            end(sync)
