@@ -204,6 +204,6 @@ def test_queue_tasks_take_effect_once_soak(
     # `env` migrated the database; the soak creates `effects` itself.
     with sa.create_engine(sync_url(db_url)).begin() as conn:
         conn.exec_driver_sql("DROP TABLE effects")
-    result = soak(db_url, tasks=2000, workers=3, kill_every=0.5, timeout=240, signals=tmp_path)
+    result = soak(db_url, tasks=1200, workers=3, kill_every=0.5, timeout=240, signals=tmp_path)
     assert result.problems == []
     assert result.kills >= 1 and result.retries > 0

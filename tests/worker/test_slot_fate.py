@@ -54,10 +54,11 @@ class Fleet:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs:
-            try:
-                proc.wait(timeout=60)
+            try:  # a graceful stop waits for a running slot's grace: the test has its answer
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(timeout=10)
 
     def calls(self) -> dict[str, list[str]]:
         """The job's calls by slot (HHMMSS), oldest slot first: each call's pid."""

@@ -23,7 +23,7 @@ from tests.conftest import _reset_postgres
 from tests.support import IN_CI, ROOT, run_cli, start_cli, wait_until
 from tests.worker.proxy import Proxy
 
-CONFORMANCE_SECONDS = float(os.environ.get("ONCELY_CONFORMANCE_SECONDS", "35"))
+CONFORMANCE_SECONDS = float(os.environ.get("ONCELY_CONFORMANCE_SECONDS", "25"))
 HAS_FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1").exists()
 
 
