@@ -10,7 +10,8 @@ a double effect is countable: `fleet_job_effects (job, slot)` per slot run,
 - `flaky`: every 2 s; raises on every third slot (a given-up slot by the model);
 - `timeouty`: every 3 s, 0.4 s timeout; sleeps past it on every third slot;
 - `slow`: every 4 s, takes 2.5 s (the operator cancels it now and then);
-- tasks `work(n)` and `limited(n)` (concurrency 1 in the database), `work_v2(n)` (v2).
+- tasks `work(n)` and `limited(n)` (concurrency 1 in the database), `work_v2(n)` (v2);
+- task `scheduled(name)`: what the fleet's schedules kept as data enqueue at each slot.
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ else:
     @app.task  # type: ignore[no-redef]
     async def work(db, n: int):  # type: ignore[no-untyped-def]
         await _task_effect(db, "work", f"work:{n}", None)
+
+
+@app.task
+async def scheduled(db, name: str):  # type: ignore[no-untyped-def]
+    """The target of the fleet's data schedules: one effect row per slot run (key: the
+    schedule's name; the checks count them against the schedule's claimed slots)."""
+    await _task_effect(db, "scheduled", name, None)
 
 
 @app.task(concurrency=1)

@@ -14,7 +14,11 @@ The checks, each pass or fail with its evidence:
 - `older releases burn nothing`: no task attempt failed because the worker that leased it
   could not run it (an older release: an unknown name or arguments its function does not
   take): such a task is handed back uncounted, by the model;
-- `concurrency`: a concurrency-1 task never ran twice at once in the database.
+- `concurrency`: a concurrency-1 task never ran twice at once in the database;
+- `schedules as data`: each claimed slot of a schedule kept as data enqueued exactly one
+  task (idempotency key: ledger name and slot key) and took effect exactly once; no task
+  without its claim; no slot of a removed schedule claimed after its removal (its slots
+  inside a pause are the `paused slots` check's, as for code jobs).
 """
 
 from __future__ import annotations
@@ -128,6 +132,7 @@ def check(fleet: Fleet, history: History) -> Report:
         Check("refusals", not missing, _sample(missing) if missing else "all refused")
     )
     _task_effects(fleet, history, report)
+    _schedules(fleet, history, report)
     _burnt(fleet, report)
     seen = {name for (name,) in fleet.rows("SELECT name FROM oncely_jobs")}
     absent = sorted(set(JOBS) - seen)
@@ -164,7 +169,9 @@ def _job_effects(fleet: Fleet, report: Report) -> None:
         effects[(job, utc(datetime.fromisoformat(slot)))] += int(n)
     claims = {
         (job, utc(slot))
-        for job, slot in fleet.rows("SELECT job, scheduled_for FROM oncely_runs")
+        for job, slot in fleet.rows(
+            "SELECT job, scheduled_for FROM oncely_runs WHERE job NOT LIKE 'schedule:%'"
+        )
         if slot is not None
     }
     releases: Counter[tuple[str, str]] = Counter()
@@ -243,6 +250,56 @@ def _task_effects(fleet: Fleet, history: History, report: Report) -> None:
             for t, s, a, e in why
         )
     report.checks.append(Check("task effects once", not (lost or doubled), detail))
+
+
+def _schedules(fleet: Fleet, history: History, report: Report) -> None:
+    claims = fleet.rows(
+        "SELECT job, key, claimed_at FROM oncely_runs WHERE job LIKE 'schedule:%' ORDER BY 1, 2"
+    )
+    tasks = Counter(
+        key
+        for (key,) in fleet.rows(
+            "SELECT idempotency_key FROM oncely_tasks WHERE idempotency_key LIKE 'schedule:%'"
+        )
+    )
+    effects = Counter(
+        {
+            name: int(n)
+            for name, n in fleet.rows(
+                "SELECT key, count(*) FROM fleet_task_effects WHERE task = 'scheduled' GROUP BY key"
+            )
+        }
+    )
+    expected = {f"{job}:{key}" for job, key, _at in claims}
+    per_schedule = Counter(job.split(":", 1)[1] for job, _key, _at in claims)
+    without_task = sorted(k for k in expected if tasks[k] == 0)
+    twice = sorted(f"{k} x{n}" for k, n in tasks.items() if n > 1)
+    without_claim = sorted(k for k in tasks if k not in expected)
+    counts = sorted(
+        f"{name}: {effects[name]} effects for {per_schedule[name]} claimed slots"
+        for name in set(per_schedule) | set(effects)
+        if effects[name] != per_schedule[name]
+    )
+    after_removal = sorted(
+        f"{job} {key} claimed {utc(at).isoformat()}"
+        for job, key, at in claims
+        if (gone := history.removed.get(job.split(":", 1)[1])) and utc(at) > gone
+    )
+    report.lost += len(without_task) + sum(
+        max(0, per_schedule[n] - effects[n]) for n in per_schedule
+    )
+    report.doubled += len(twice) + len(without_claim) + len(after_removal)
+    report.doubled += sum(max(0, effects[n] - per_schedule[n]) for n in effects)
+    bad = without_task + twice + without_claim + counts + after_removal
+    actions = Counter(e.what.split()[0] for e in history.entries if e.kind == "schedule")
+    detail = (
+        f"{len(per_schedule)} schedules, {len(claims)} slots claimed, "
+        f"{sum(effects.values())} effects; actions: "
+        + (", ".join(f"{n} {a}" for a, n in sorted(actions.items())) or "none")
+    )
+    if bad:
+        detail += "; " + _sample(bad)
+    report.checks.append(Check("schedules as data", not bad, detail))
 
 
 _CANNOT_RUN = ("TypeError", "unexpected keyword", "UnknownTask", "no task named")

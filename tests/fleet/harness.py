@@ -50,8 +50,11 @@ ACTIONS: dict[str, int] = {
     "rename": 1,
     "run_future": 1,
     "deploy": 1,
+    "schedule": 3,
 }
 """Operator actions and their weights in a plan."""
+SCHEDULES = ("s1", "s2", "s3")
+"""The names the fleet's schedules kept as data take (`s1` exists from the start)."""
 FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3, "restart": 2}
 """Faults and their weights (`cut`: Postgres only; `restart`: a cluster of the fleet's own)."""
 
@@ -110,6 +113,9 @@ class History:
     limited_max: int = 0
     """The most `limited` tasks (concurrency 1) seen running at once in the database."""
     backfills: list[subprocess.Popen[str]] = field(default_factory=list)
+    removed: dict[str, datetime] = field(default_factory=dict)
+    """Each schedule removed, and when (database time, just after the removal committed):
+    no slot of it may start after that."""
 
     def count(self, kinds: tuple[str, ...] | dict[str, int]) -> int:
         return sum(1 for e in self.entries if e.kind in kinds)
@@ -259,6 +265,7 @@ class Fleet:
             for statement in TABLES:
                 conn.exec_driver_sql(statement)
         self.history.started = await self.db_now()
+        await self._add_schedule("s1")
         for w in self.workers:
             w.start()
 
@@ -396,6 +403,45 @@ class Fleet:
         else:
             done = await self.app.pause(job, actor="fleet", reason="fleet check")
             await self.note("pause", job, f"paused at {done.paused_at}")
+
+    async def _add_schedule(self, name: str) -> None:
+        every = "1s" if name == "s1" else "2s"
+        await self.app.schedules.add(
+            name, every=every, task="scheduled", args={"name": name}, by="fleet"
+        )
+        await self.note("schedule", f"add {name} every {every}", "ok")
+
+    async def _do_schedule(self, rng: random.Random) -> None:
+        """Change a schedule kept as data, as an operator would while the workers run: add
+        one, pause or resume one, change its interval, or remove one (at most once each)."""
+        live = {r.name: r for r in await self.app.schedules.list()}
+        gone = set(self.history.removed)
+        addable = [n for n in SCHEDULES if n not in live and n not in gone]
+        choices = ["toggle", "every"] if live else []
+        if addable:
+            choices.append("add")
+        if len(live) > 1:
+            choices.append("remove")
+        if not choices:
+            return
+        what = rng.choice(choices)
+        if what == "add":
+            return await self._add_schedule(addable[0])
+        name = rng.choice(sorted(live))
+        if what == "toggle" and live[name].state == "paused":
+            await self.app.schedules.resume(name, by="fleet")
+            await self.note("schedule", f"resume {name}", "ok")
+        elif what == "toggle":
+            await self.app.schedules.pause(name, reason="fleet check", by="fleet")
+            await self.note("schedule", f"pause {name}", "ok")
+        elif what == "every":
+            every = "2s" if live[name].every == 1 else "1s"
+            await self.app.schedules.update(name, every=every, by="fleet")
+            await self.note("schedule", f"update {name} every {every}", "ok")
+        else:
+            await self.app.schedules.remove(name, by="fleet")
+            self.history.removed[name] = await self.db_now()
+            await self.note("schedule", f"remove {name}", "ok")
 
     def _backfill(self, job: str, start: datetime, end: datetime) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
