@@ -496,13 +496,21 @@ def driver_enqueue_one() -> OnDriver:
     return on_driver(task_queue_sql.with_constants_inline(one))
 
 
-# The retained tasks of one task name with these idempotency keys (the duplicates' records).
-DRIVER_TASKS_BY_KEYS = """
-    SELECT id, task, queue, args::text AS args, state, attempt, run_at, created_at,
-           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error,
-           priority, result
-    FROM oncely_tasks WHERE task = $1::varchar AND idempotency_key = any($2::varchar[])
-"""
+# The records of the retained tasks of one task name with these idempotency keys (the
+# duplicates), task_queue_sql.by_keys, for the driver: the keys as one array, the arguments
+# read as text whatever codec the caller's connection has for jsonb (`driver_rows` decodes).
+_BY_KEYS = task_queue_sql.by_keys(
+    sa.bindparam("task", type_=sa.String()), sa.bindparam("keys", type_=sa.ARRAY(sa.String()))
+)
+DRIVER_TASKS_BY_KEYS_STATEMENT = on_driver(
+    _BY_KEYS.with_only_columns(
+        *(
+            sa.cast(column, sa.Text()).label("args") if column.name == "args" else column
+            for column in task_queue_sql.RECORD_COLUMNS
+        )
+    )
+)
+DRIVER_TASKS_BY_KEYS = DRIVER_TASKS_BY_KEYS_STATEMENT.text
 
 
 class Enqueued(NamedTuple):
@@ -542,7 +550,9 @@ async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any
 async def tasks_by_keys_on_driver(conn: Any, task: str, keys: list[str]) -> list[Any]:
     """The retained rows of `task` with these idempotency keys, on an asyncpg connection."""
     try:
-        return driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, task, keys))
+        values = {"task": task, "keys": keys}
+        by_keys = DRIVER_TASKS_BY_KEYS_STATEMENT.args(values)
+        return driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, *by_keys))
     except asyncpg.PostgresError as exc:
         _raise_enqueue_error(exc)
 
