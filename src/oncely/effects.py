@@ -29,7 +29,7 @@ from .errors import BadInputError, ConfigError
 from .identity import replica_id
 from .model import Claim, RunStatus
 from .registry import session_first_signature
-from .runner import RAN, Outcome, Stage, after_call, commit, not_claimed, report
+from .runner import RAN, SlotOutcome, Stage, after_call, commit, not_claimed, report
 from .store import Store
 
 P = ParamSpec("P")
@@ -101,7 +101,7 @@ class _EffectBase:
         """Set when the block ends: ran, skipped or failed."""
         self._started = 0.0
 
-    def _end(self, outcome: Outcome) -> None:
+    def _end(self, outcome: SlotOutcome) -> None:
         """Record what the attempt came to as `.result`, and report its one event."""
         duration = time.perf_counter() - self._started
         self.result = EffectResult(
@@ -115,7 +115,7 @@ class _EffectBase:
         fields = {"job": self.job, "key": self.key, "effect": self.name, "replica": replica_id()}
         report("effect", outcome, duration, fields)
 
-    def _ended(self, outcome: Outcome) -> None:
+    def _ended(self, outcome: SlotOutcome) -> None:
         """`_end`, then raise what oncely itself stopped the block for (the body's own
         exception propagates by itself)."""
         self._end(outcome)
@@ -204,7 +204,7 @@ class SyncEffect(_EffectBase):
                     self.store.claims.finish_sync(session, self.job, self.key)
                     outcome = RAN
                 except BaseException as commit_error:
-                    outcome = Outcome(RunStatus.FAILED, Stage.COMMIT, error=commit_error)
+                    outcome = SlotOutcome(RunStatus.FAILED, Stage.COMMIT, error=commit_error)
             self._ended(outcome)
         finally:
             self.store.claims.abandon_sync(session)

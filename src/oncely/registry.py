@@ -44,7 +44,7 @@ class Job:
     """An attempt that runs longer is cancelled and rolled back (outcome `timeout`)."""
     attempt: AttemptFunc | None = None
     """How one attempt runs when its transaction is not oncely's session but a framework's
-    (Django's): `await attempt(store, job, slot, request)` returns the runner's Outcome.
+    (Django's): `await attempt(store, job, slot, request)` returns the runner's SlotOutcome.
     None: the runner opens the session, claims, calls `func(db, now)` and commits."""
     retry: RetryPolicy | None = None
     """How a slot whose attempt failed or timed out is retried, its attempts counted across

@@ -3,7 +3,7 @@
 The job's work and the slot's claim commit in the same transaction, or neither does. A loser
 never waits: the lock is a try-lock, and a slot someone else holds comes back `busy` at once.
 
-Each step of an attempt answers with an `Outcome` (or None: go on to the next step), and
+Each step of an attempt answers with a `SlotOutcome` (or None: go on to the next step), and
 `report` turns each outcome into exactly one event. Once-per-key effects (`effects.py`) are
 attempts of the same shape: they use the same outcomes, the same commit and the same report.
 """
@@ -49,8 +49,8 @@ class Stage(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What one attempt came to: its status, the step that decided it, and what goes with it."""
+class SlotOutcome:
+    """What a slot attempt came to: its status, the step that decided it, and what goes with it."""
 
     status: RunStatus
     stage: Stage
@@ -72,7 +72,7 @@ class Outcome:
         return self.final or self.retry_at is not None
 
 
-RAN = Outcome(RunStatus.RAN, Stage.COMMIT)
+RAN = SlotOutcome(RunStatus.RAN, Stage.COMMIT)
 
 _NOT_CLAIMED = {
     ClaimAnswer.BUSY: RunStatus.BUSY,
@@ -83,20 +83,20 @@ _NOT_CLAIMED = {
 }
 
 
-def not_claimed(status: RunStatus, claim: Claim | None = None) -> Outcome:
+def not_claimed(status: RunStatus, claim: Claim | None = None) -> SlotOutcome:
     """The outcome of an attempt that did not get its claim."""
-    return Outcome(status, Stage.CLAIM, claim=claim)
+    return SlotOutcome(status, Stage.CLAIM, claim=claim)
 
 
-def after_call(session: Session, error: BaseException | None, who: str) -> Outcome | None:
+def after_call(session: Session, error: BaseException | None, who: str) -> SlotOutcome | None:
     """The outcome of a call that raised `error` or ended oncely's transaction on `session`
     (`who` says whose session it was, in the error), or None: the attempt may commit."""
     if error is not None:
-        return Outcome(RunStatus.FAILED, Stage.CALL, error=error)
+        return SlotOutcome(RunStatus.FAILED, Stage.CALL, error=error)
     what = violation(session)
     if what is None:
         return None
-    return Outcome(
+    return SlotOutcome(
         RunStatus.FAILED,
         Stage.TRANSACTION,
         error=JobTransactionError(f"{who} called {what}() on {_SESSIONS[who]}"),
@@ -113,13 +113,13 @@ async def commit(
     key: str,
     *,
     catch: type[BaseException] = Exception,
-) -> Outcome:
+) -> SlotOutcome:
     """Commit the attempt's work with its claim: RAN, or FAILED (rolled back) on a `catch`."""
     try:
         await store.claims.finish(session, job, key)
     except catch as exc:
         await store.claims.abandon(session)
-        return Outcome(RunStatus.FAILED, Stage.COMMIT, error=exc)
+        return SlotOutcome(RunStatus.FAILED, Stage.COMMIT, error=exc)
     return RAN
 
 
@@ -233,7 +233,7 @@ _ERRORS = {
 }
 
 
-def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, Any]) -> None:
+def report(what: str, outcome: SlotOutcome, duration: float, fields: Mapping[str, Any]) -> None:
     """The one event of an attempt's outcome (`what`: "run" for a slot, "effect" for a key)."""
     event = _EVENTS[(what, outcome.status, outcome.stage)]
     extra: dict[str, Any] = {}
@@ -261,7 +261,7 @@ def report(what: str, outcome: Outcome, duration: float, fields: Mapping[str, An
 # -- a slot -------------------------------------------------------------------------------
 
 
-async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> Outcome | None:
+async def _claim(store: Store, session: AsyncSession, request: ClaimRequest) -> SlotOutcome | None:
     answer = await store.claims.lock_and_claim(session, request)
     if answer is ClaimAnswer.CLAIMED:
         return None
@@ -296,13 +296,13 @@ class Watch:
     def attempt_id(self) -> int | None:
         return self.record.id
 
-    def _stop(self) -> Outcome | None:
+    def _stop(self) -> SlotOutcome | None:
         if self.cancelled_by is not None:
             error: OncelyError = JobCancelledError(f"cancelled by {self.cancelled_by}")
-            return Outcome(RunStatus.CANCELLED, Stage.CALL, error=error)
+            return SlotOutcome(RunStatus.CANCELLED, Stage.CALL, error=error)
         if self.timeout is not None and time.monotonic() - self.started >= self.timeout:
             error = JobTimeoutError(f"the job ran longer than its timeout of {self.timeout:g} s")
-            return Outcome(RunStatus.TIMEOUT, Stage.CALL, error=error)
+            return SlotOutcome(RunStatus.TIMEOUT, Stage.CALL, error=error)
         return None
 
     async def _asked(self) -> None:
@@ -317,7 +317,7 @@ class Watch:
         left = max(0.0, self.timeout - (time.monotonic() - self.started))
         return left if poll is None else min(poll, left)
 
-    async def until_stopped(self, call: asyncio.Future[Any]) -> Outcome | None:
+    async def until_stopped(self, call: asyncio.Future[Any]) -> SlotOutcome | None:
         """Wait for `call` to end; an outcome if the attempt must stop first (timeout,
         cancel), None once `call` is done."""
         if self.record.id is None:  # not recorded yet: an attempt that is quick needs none
@@ -337,7 +337,7 @@ class Watch:
         poll: float | None,
         until: float | None,
         cancelled: asyncio.Event | None = None,
-    ) -> Outcome | None:
+    ) -> SlotOutcome | None:
         """Wait (polling every `poll`, woken by `cancelled`) for `call`, a stop, or `until`."""
         woken = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
         try:
@@ -362,7 +362,7 @@ class Watch:
             if woken is not None:
                 woken.cancel()
 
-    async def after_sync(self) -> Outcome | None:
+    async def after_sync(self) -> SlotOutcome | None:
         """For a plain `def` job, which cannot be interrupted: once it returned, whether it
         ran past its timeout or was cancelled meanwhile (then it must not commit)."""
         await self._asked()
@@ -371,7 +371,7 @@ class Watch:
 
 async def _call(
     store: Store, job: Job, session: AsyncSession, slot: datetime, watch: Watch
-) -> Outcome | None:
+) -> SlotOutcome | None:
     error: Exception | None = None
     try:
         if job.is_async:
@@ -391,8 +391,8 @@ async def _call(
 
 
 async def _record_fate(
-    store: Store, job: Job, session: AsyncSession, record: Record, outcome: Outcome
-) -> Outcome:
+    store: Store, job: Job, session: AsyncSession, record: Record, outcome: SlotOutcome
+) -> SlotOutcome:
     """A failed, timed-out or cancelled attempt's fate, recorded in its own transaction while
     it still holds the slot (see `Store.give_up`): given up (final), or retried at the time
     the job's `retry=` policy says. Where that cannot be written (an older schema, a dead
@@ -414,8 +414,8 @@ Fate = Callable[..., tuple[Any, Any]]
 
 
 def fate_writer(
-    job: Job, outcome: Outcome, fate: Fate
-) -> tuple[Callable[[int, datetime], tuple[Any, Any]], Callable[[Outcome], Outcome]]:
+    job: Job, outcome: SlotOutcome, fate: Fate
+) -> tuple[Callable[[int, datetime], tuple[Any, Any]], Callable[[SlotOutcome], SlotOutcome]]:
     """For a failed attempt's end written in its own transaction: the `record(tries, now)`
     that `Store.give_up` (or `borrowed.give_up`) calls, which decides given up or retried
     (the job's retry policy, its attempts counted from the slot's recorded ones), and a
@@ -427,14 +427,14 @@ def fate_writer(
         decided["retry_at"] = retry_at
         return fate(outcome, final=retry_at is None, retry_at=retry_at)
 
-    def marked(out: Outcome) -> Outcome:
+    def marked(out: SlotOutcome) -> SlotOutcome:
         retry_at = decided.get("retry_at")
         return dataclasses.replace(out, final=retry_at is None, retry_at=retry_at)
 
     return write, marked
 
 
-def _retry_at(job: Job, outcome: Outcome, attempt: int, now: datetime) -> datetime | None:
+def _retry_at(job: Job, outcome: SlotOutcome, attempt: int, now: datetime) -> datetime | None:
     """When the job's retry policy runs the slot again after failed attempt number `attempt`
     (counted fleet-wide), or None: given up (no policy, an operator's cancel, exhausted)."""
     if job.retry is None or outcome.status is RunStatus.CANCELLED or outcome.error is None:
@@ -445,7 +445,7 @@ def _retry_at(job: Job, outcome: Outcome, attempt: int, now: datetime) -> dateti
 
 async def _call_async(
     job: Job, session: AsyncSession, slot: datetime, watch: Watch
-) -> Outcome | None:
+) -> SlotOutcome | None:
     """Run an async job until it returns or `watch` stops it (the job is then cancelled)."""
     if watch.timeout is None and not watch.record.recordable:
         await job.func(session, slot)  # type: ignore[misc]
@@ -465,7 +465,7 @@ async def _call_async(
     return stop
 
 
-async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) -> Outcome:
+async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) -> SlotOutcome:
     outcome = await commit(store, session, request.job, request.key)
     error = outcome.error
     if error is None or not store.is_unavailable(error):
@@ -474,9 +474,9 @@ async def _commit(store: Store, session: AsyncSession, request: ClaimRequest) ->
     xid = store.claims.attempt_xact(session)
     landed = await claim_landed(store, request.job, request.key, request.claimed_by, xid)
     if landed is None:
-        return Outcome(RunStatus.UNKNOWN, Stage.READ_BACK, error=error)
+        return SlotOutcome(RunStatus.UNKNOWN, Stage.READ_BACK, error=error)
     if landed:
-        return Outcome(RunStatus.RAN, Stage.READ_BACK)
+        return SlotOutcome(RunStatus.RAN, Stage.READ_BACK)
     return outcome
 
 
@@ -487,7 +487,7 @@ async def attempt_slot(
     request: ClaimRequest,
     *,
     check_pause: bool = False,
-) -> Outcome:
+) -> SlotOutcome:
     """Claim → call → commit for one slot, in a session of its own; what it came to.
 
     A job whose transaction is a framework's (`Job.attempt`) runs the same three steps there.
@@ -496,7 +496,7 @@ async def attempt_slot(
     connection of its own).
     """
     if job.attempt is not None:  # a framework's transaction (Django's)
-        framework: Outcome = await job.attempt(store, job, slot, request)
+        framework: SlotOutcome = await job.attempt(store, job, slot, request)
         return framework
     record = Record(store, request, slot)
     try:
@@ -513,19 +513,23 @@ async def attempt_slot(
                 outcome = await _commit(store, session, request)
     except asyncio.CancelledError:  # the worker's shutdown: rolled back, the slot is free
         stopped = JobCancelledError("the worker shut down before the attempt ended")
-        await asyncio.shield(record.ended(Outcome(RunStatus.CANCELLED, Stage.CALL, error=stopped)))
+        await asyncio.shield(
+            record.ended(SlotOutcome(RunStatus.CANCELLED, Stage.CALL, error=stopped))
+        )
         raise
     await record.ended(outcome)
     return outcome
 
 
-async def _paused(store: Store, session: AsyncSession, job: Job, slot: datetime) -> Outcome | None:
+async def _paused(
+    store: Store, session: AsyncSession, job: Job, slot: datetime
+) -> SlotOutcome | None:
     """A pause whose interval holds the slot's time (not merely one in force now)."""
     pause = await store.control.pause_in(session, job.name, slot)
     if pause is None:
         return None
     await store.claims.abandon(session)  # the claim rolls back: the slot stays free
-    return Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
+    return SlotOutcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
 
 
 class Record:
@@ -578,7 +582,9 @@ class Record:
         """Whether a failed attempt's end can be written in its own transaction (schema 14)."""
         return self.store.has_slot_fate
 
-    def fate(self, outcome: Outcome, *, final: bool, retry_at: datetime | None) -> tuple[Any, Any]:
+    def fate(
+        self, outcome: SlotOutcome, *, final: bool, retry_at: datetime | None
+    ) -> tuple[Any, Any]:
         """The statement of this attempt's end row, written in its transaction."""
         r = self.request
         ended = {
@@ -593,7 +599,7 @@ class Record:
         }
         return self.store.control.fate_record(self.id, ended, outcome.error)
 
-    async def ended(self, outcome: Outcome) -> None:
+    async def ended(self, outcome: SlotOutcome) -> None:
         status = outcome.status
         r = self.request
         if outcome.recorded:
@@ -636,7 +642,7 @@ def paused(
     job: Job, slot: datetime, key: str, pause: Pause, fields: Mapping[str, Any]
 ) -> RunResult:
     """The result (and the one event) of a slot not started because its job is paused."""
-    outcome = Outcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
+    outcome = SlotOutcome(RunStatus.PAUSED, Stage.CLAIM, pause=pause)
     report("run", outcome, 0.0, fields)
     return RunResult(
         job=job.name, key=key, slot=slot, status=RunStatus.PAUSED, duration=0.0, pause=pause

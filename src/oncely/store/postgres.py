@@ -43,7 +43,9 @@ from .postgres_notify import (
 from .postgres_statements import (
     DRIVER_FINISH,
     DRIVER_FINISH_AND_COMMIT,
+    DRIVER_FINISH_STATEMENT,
     DRIVER_HAS_CLAIM,
+    DRIVER_HAS_CLAIM_STATEMENT,
     DRIVER_LOCK_AND_CLAIM,
     DRIVER_LOCK_AND_CLAIM_STATEMENT,
     ENQUEUE,
@@ -196,7 +198,7 @@ class PostgresDialect(Dialect):
             return ClaimAnswer.BUSY
         if not row.job_free:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
-            taken = (yield sql.get_claim(job, key), None).first() is not None
+            taken = (yield sql.has_claim(job, key), None).first() is not None
             return ClaimAnswer.TAKEN if taken else ClaimAnswer.OVERLAP
         if not row.claimed:
             return ClaimAnswer.TAKEN
@@ -229,7 +231,8 @@ class PostgresDialect(Dialect):
             return ClaimAnswer.BUSY
         if not row["job_free"]:
             # Another slot of the job is running; unless this slot ran before, that overlaps.
-            taken = await driver.fetchval(DRIVER_HAS_CLAIM, job, key) is not None
+            has = DRIVER_HAS_CLAIM_STATEMENT.args({"job": job, "key": key})
+            taken = await driver.fetchval(DRIVER_HAS_CLAIM, *has) is not None
             return ClaimAnswer.TAKEN if taken else ClaimAnswer.OVERLAP
         if not row["claimed"]:
             return ClaimAnswer.TAKEN
@@ -253,7 +256,8 @@ class PostgresDialect(Dialect):
         if claimed:
             await driver.execute(DRIVER_FINISH_AND_COMMIT)
         else:
-            await driver.execute(DRIVER_FINISH, job, key)
+            finish = DRIVER_FINISH_STATEMENT.args({"claim_job": job, "claim_key": key})
+            await driver.execute(DRIVER_FINISH, *finish)
             await driver.execute("COMMIT")
 
     async def rollback_attempt(self, driver: Any) -> None:

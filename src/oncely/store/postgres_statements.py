@@ -25,7 +25,7 @@ from .dialect import (
     ClaimAnswer,
     marks_verdict,
 )
-from .tables import UTCDateTime
+from .tables import MARKED, UTCDateTime, attempts
 
 _ASYNCPG = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
 """The dialect the driver's texts are rendered with (compiled once, at import or first use)."""
@@ -130,31 +130,55 @@ DRIVER_LOCK_AND_CLAIM_STATEMENT = on_driver(
 )
 DRIVER_LOCK_AND_CLAIM = DRIVER_LOCK_AND_CLAIM_STATEMENT.text
 
-# Stamp the end of the slot claimed above and commit, in one message (one round trip). A
+_JOB: Any = sa.bindparam("job")
+_KEY: Any = sa.bindparam("key")
+_CLAIMED = {"job": "current_setting('oncely.job')", "key": "current_setting('oncely.key')"}
+"""The slot claimed above, as the texts that read it from its two settings."""
+
+# The end of a slot's run on its claim (sql.finish_bound, as `Dialect.finish_statement` builds
+# it), for the driver.
+_FINISH = sql.finish_bound(sa.func.clock_timestamp())
+DRIVER_FINISH_STATEMENT = on_driver(_FINISH)
+DRIVER_FINISH = DRIVER_FINISH_STATEMENT.text
+# The same for the slot claimed above, and the commit, in one message (one round trip). A
 # failing UPDATE (an aborted transaction) stops the message before its COMMIT.
 DRIVER_FINISH_AND_COMMIT = (
-    "UPDATE oncely_runs SET finished_at = clock_timestamp() "
-    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key'); "
-    "COMMIT"
+    simple_query(_FINISH, {"claim_job": _CLAIMED["job"], "claim_key": _CLAIMED["key"]}) + "; COMMIT"
 )
 # Once the slot is locked and claimed (the statement above): refuse it if an attempt gave it
 # up or its retry is not due (a division by zero stops the message before the SAVEPOINT), else
 # take the savepoint a failed attempt rolls back to. A statement of its own, after the lock's:
-# its snapshot sees the fate that the lock's previous holder committed as it let go.
+# its snapshot sees the fate that the lock's previous holder committed as it let go. The
+# driver's own (elsewhere `dialect.checked_plan` reads `sql.slot_marks` and decides in
+# Python, which takes a round trip more): built here from the same marks (`tables.MARKED`).
+_REFUSING = (
+    sa.select(sa.literal_column("1"))
+    .where(
+        attempts.c.job == _JOB,
+        attempts.c.key == _KEY,
+        MARKED,
+        sa.or_(attempts.c.final, attempts.c.retry_at > sa.func.clock_timestamp()),
+    )
+    .limit(1)
+    .subquery("refused")
+)
+_REFUSED = sa.select(
+    sa.literal_column("1").op("/")((sa.literal_column("1") - sa.func.count()).self_group())
+).select_from(_REFUSING)
 DRIVER_CHECK_AND_SAVEPOINT = (
-    "SELECT 1 / (1 - count(*)) FROM (SELECT 1 FROM oncely_attempts "
-    "WHERE job = current_setting('oncely.job') AND key = current_setting('oncely.key') "
-    "AND (final OR retry_at IS NOT NULL) AND (final OR retry_at > clock_timestamp()) "
-    "LIMIT 1) AS refused; SAVEPOINT oncely_attempt"
+    simple_query(task_queue_sql.with_constants_inline(_REFUSED), _CLAIMED)
+    + "; SAVEPOINT oncely_attempt"
 )
-# Why the check above refused a slot (read after the rollback, the rare path).
-DRIVER_MARKS = (
-    "SELECT bool_or(final) AS final, max(retry_at) AS retry_at, count(*) AS tries, "
-    "clock_timestamp() AS now FROM oncely_attempts "
-    "WHERE job = $1 AND key = $2 AND (final OR retry_at IS NOT NULL)"
+# Why the check above refused a slot (read after the rollback, the rare path): the slot's
+# marks (sql.slot_marks), for the driver.
+DRIVER_MARKS_STATEMENT = on_driver(
+    task_queue_sql.with_constants_inline(sql.slot_marks(_JOB, _KEY, sa.func.clock_timestamp()))
 )
-DRIVER_FINISH = "UPDATE oncely_runs SET finished_at = clock_timestamp() WHERE job = $1 AND key = $2"
-DRIVER_HAS_CLAIM = "SELECT 1 FROM oncely_runs WHERE job = $1 AND key = $2"
+DRIVER_MARKS = DRIVER_MARKS_STATEMENT.text
+# Whether the slot was claimed before, when another slot of its job holds the job's lock
+# (sql.has_claim), for the driver.
+DRIVER_HAS_CLAIM_STATEMENT = on_driver(sql.has_claim(_JOB, _KEY))
+DRIVER_HAS_CLAIM = DRIVER_HAS_CLAIM_STATEMENT.text
 
 
 # The bare claim on a caller's asyncpg connection (see `claim_on_driver`): the claim's one
@@ -330,7 +354,8 @@ async def checked_on_driver(driver: Any, job: str, key: str) -> ClaimAnswer:
         await driver.execute(DRIVER_CHECK_AND_SAVEPOINT)
     except asyncpg.DivisionByZeroError:
         await driver.execute("ROLLBACK")
-        row = await driver.fetchrow(DRIVER_MARKS, job, key)
+        values = {"job": job, "key": key}
+        row = await driver.fetchrow(DRIVER_MARKS, *DRIVER_MARKS_STATEMENT.args(values))
         return marks_verdict(SimpleNamespace(**dict(row))) or ClaimAnswer.BUSY
     return ClaimAnswer.CLAIMED
 
@@ -471,13 +496,21 @@ def driver_enqueue_one() -> OnDriver:
     return on_driver(task_queue_sql.with_constants_inline(one))
 
 
-# The retained tasks of one task name with these idempotency keys (the duplicates' records).
-DRIVER_TASKS_BY_KEYS = """
-    SELECT id, task, queue, args::text AS args, state, attempt, run_at, created_at,
-           idempotency_key, started_at, finished_at, locked_by, lease_expires_at, error,
-           priority, result
-    FROM oncely_tasks WHERE task = $1::varchar AND idempotency_key = any($2::varchar[])
-"""
+# The records of the retained tasks of one task name with these idempotency keys (the
+# duplicates), task_queue_sql.by_keys, for the driver: the keys as one array, the arguments
+# read as text whatever codec the caller's connection has for jsonb (`driver_rows` decodes).
+_BY_KEYS = task_queue_sql.by_keys(
+    sa.bindparam("task", type_=sa.String()), sa.bindparam("keys", type_=sa.ARRAY(sa.String()))
+)
+DRIVER_TASKS_BY_KEYS_STATEMENT = on_driver(
+    _BY_KEYS.with_only_columns(
+        *(
+            sa.cast(column, sa.Text()).label("args") if column.name == "args" else column
+            for column in task_queue_sql.RECORD_COLUMNS
+        )
+    )
+)
+DRIVER_TASKS_BY_KEYS = DRIVER_TASKS_BY_KEYS_STATEMENT.text
 
 
 class Enqueued(NamedTuple):
@@ -517,7 +550,9 @@ async def enqueue_on_driver(conn: Any, params: list[dict[str, Any]]) -> list[Any
 async def tasks_by_keys_on_driver(conn: Any, task: str, keys: list[str]) -> list[Any]:
     """The retained rows of `task` with these idempotency keys, on an asyncpg connection."""
     try:
-        return driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, task, keys))
+        values = {"task": task, "keys": keys}
+        by_keys = DRIVER_TASKS_BY_KEYS_STATEMENT.args(values)
+        return driver_rows(await conn.fetch(DRIVER_TASKS_BY_KEYS, *by_keys))
     except asyncpg.PostgresError as exc:
         _raise_enqueue_error(exc)
 

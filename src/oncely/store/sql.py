@@ -73,6 +73,12 @@ def get_claim(job: str, key: str) -> sa.Select[Any]:
     return sa.select(runs).where(runs.c.job == job, runs.c.key == key)
 
 
+def has_claim(job: Any, key: Any) -> sa.Select[Any]:
+    """Whether a slot was claimed (a row: 1) or not (no row); `job` and `key` are values or
+    bound parameters."""
+    return sa.select(sa.literal_column("1")).where(runs.c.job == job, runs.c.key == key)
+
+
 def history(job: str | None, limit: int) -> sa.Select[Any]:
     """Claims, newest first, of one job or of all."""
     stmt = sa.select(runs).order_by(runs.c.claimed_at.desc(), runs.c.job, runs.c.key)
@@ -137,9 +143,10 @@ def release_marks(job: str, key: str) -> sa.Update:
     )
 
 
-def slot_marks(job: str, key: str, now: Any) -> Any:
+def slot_marks(job: Any, key: Any, now: Any) -> Any:
     """A slot's fate so far, read after its lock is taken: whether an attempt gave it up, the
-    latest retry time, how many marked attempts its retry policy counts, and database now."""
+    latest retry time, how many marked attempts its retry policy counts, and database now
+    (`job` and `key` are values or bound parameters)."""
     return sa.select(
         sa.func.max(sa.case((attempts.c.final, 1), else_=0)).label("final"),
         sa.func.max(attempts.c.retry_at).label("retry_at"),

@@ -96,9 +96,24 @@ def enqueue_times() -> tuple[Any, Any]:
     )
 
 
-def by_keys(task: str, keys: Sequence[str]) -> sa.Select[Any]:
-    """The retained tasks of one task name with these idempotency keys."""
-    return sa.select(tasks).where(tasks.c.task == task, tasks.c.idempotency_key.in_(keys))
+RECORD_COLUMNS = tuple(
+    tasks.c[name]
+    for name in (
+        "id", "task", "queue", "args", "state", "attempt", "run_at", "created_at",
+        "idempotency_key", "started_at", "finished_at", "locked_by", "lease_expires_at",
+        "error", "priority", "result",
+    )
+)  # fmt: skip
+"""What a task's record is made of (`rows.record`)."""
+
+
+def by_keys(task: Any, keys: Any) -> sa.Select[Any]:
+    """The records of the retained tasks of one task name with these idempotency keys (an
+    enqueue's duplicates): `keys` a list, or one array parameter (Postgres's driver: one
+    prepared statement for any number of keys)."""
+    key = tasks.c.idempotency_key
+    matching = key.in_(keys) if isinstance(keys, (list, tuple)) else key == sa.any_(keys)
+    return sa.select(*RECORD_COLUMNS).where(tasks.c.task == task, matching)
 
 
 LimitLock = Callable[[str, Any, Any], Any]

@@ -28,7 +28,7 @@ from ...errors import DatabaseError, DatabaseUnavailableError, OncelyError
 from ...masking import mask_secrets
 from ...model import RunStatus
 from ...registry import Job
-from ...runner import RAN, Outcome, Stage, fate_writer, not_claimed
+from ...runner import RAN, SlotOutcome, Stage, fate_writer, not_claimed
 from ...schedule import Schedule
 from ...store import ClaimAnswer, ClaimRequest, Store, borrowed
 from .connection import database_url, default_alias, lent
@@ -129,7 +129,7 @@ class Oncely(core.Oncely):
 
     async def _attempt(
         self, store: Store, job: Job, slot: datetime, request: ClaimRequest
-    ) -> Outcome:
+    ) -> SlotOutcome:
         outcome = await asyncio.to_thread(attempt_in_django, self.alias, job, slot, request, store)
         if outcome.status is RunStatus.SKIPPED:
             await _record_duplicate(store, slot, request)
@@ -145,7 +145,7 @@ async def _record_duplicate(store: Store, slot: datetime, request: ClaimRequest)
 
 def attempt_in_django(
     alias: str, job: Job, slot: datetime, request: ClaimRequest, store: Store | None = None
-) -> Outcome:
+) -> SlotOutcome:
     """One attempt at a slot on Django's connection `alias`: claim → call → commit (a job
     that raises: its work rolled back to the savepoint and the slot's fate recorded in the
     same transaction, as the runner does, where `store` can build the record)."""
@@ -156,7 +156,7 @@ def attempt_in_django(
         close_old_connections()
 
 
-def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
+def _claim(alias: str, request: ClaimRequest) -> SlotOutcome | None:
     with lent(alias, f"job {request.job!r}") as conn:
         answer = borrowed.lock_and_claim(conn, request)
         if answer is ClaimAnswer.CLAIMED:
@@ -169,16 +169,16 @@ def _claim(alias: str, request: ClaimRequest) -> Outcome | None:
 
 def _record_fate(
     alias: str, store: Store | None, job: Job, slot: datetime, request: ClaimRequest, exc: Exception
-) -> Outcome:
+) -> SlotOutcome:
     """A job that raised, in its open atomic block: its fate recorded there (given up, or
     retried by its policy), or, where that cannot be written, the block rolled back whole
     (the slot is free)."""
-    failed = Outcome(RunStatus.FAILED, Stage.CALL, error=exc)
+    failed = SlotOutcome(RunStatus.FAILED, Stage.CALL, error=exc)
     if store is None or not store.has_slot_fate or transaction.get_rollback(using=alias):
         transaction.set_rollback(True, using=alias)
         return failed
 
-    def fate(outcome: Outcome, *, final: bool, retry_at: datetime | None) -> tuple[Any, Any]:
+    def fate(outcome: SlotOutcome, *, final: bool, retry_at: datetime | None) -> tuple[Any, Any]:
         ended = {
             "job": request.job,
             "key": request.key,
@@ -203,7 +203,7 @@ def _record_fate(
 
 def _attempt(
     alias: str, job: Job, slot: datetime, request: ClaimRequest, store: Store | None = None
-) -> Outcome:
+) -> SlotOutcome:
     stage = Stage.CLAIM
     try:
         with transaction.atomic(using=alias):
@@ -222,7 +222,7 @@ def _attempt(
     except Exception as exc:
         if stage is Stage.CLAIM:  # oncely's own failure: the caller reports it
             raise _translated(alias, exc) from exc
-        return Outcome(RunStatus.FAILED, stage, error=exc)
+        return SlotOutcome(RunStatus.FAILED, stage, error=exc)
     return RAN
 
 

@@ -20,7 +20,7 @@ from ...effects import DEFAULT_SCOPE, EffectResult, check_key, ledger_job
 from ...errors import ConfigError
 from ...identity import replica_id
 from ...model import RunStatus
-from ...runner import RAN, Outcome, Stage, not_claimed, report
+from ...runner import RAN, SlotOutcome, Stage, not_claimed, report
 from ...store import borrowed
 from .connection import default_alias, lent
 
@@ -64,7 +64,7 @@ class DjangoOnceHandler(Generic[P, R]):
         alias = self.using or default_alias()
         started = time.perf_counter()
         value: R | None = None
-        outcome: Outcome = RAN
+        outcome: SlotOutcome = RAN
         stage = Stage.CLAIM
         try:
             with transaction.atomic(using=alias):
@@ -80,12 +80,12 @@ class DjangoOnceHandler(Generic[P, R]):
                     outcome = not_claimed(RunStatus.SKIPPED, taken)
         except BaseException as exc:
             if stage is not Stage.CLAIM:  # oncely's own failure to claim is not the body's
-                self._report(key, Outcome(RunStatus.FAILED, stage, error=exc), started)
+                self._report(key, SlotOutcome(RunStatus.FAILED, stage, error=exc), started)
             raise
         result = self._report(key, outcome, started)
         return replace(result, value=value)
 
-    def _report(self, key: str, outcome: Outcome, started: float) -> EffectResult[Any]:
+    def _report(self, key: str, outcome: SlotOutcome, started: float) -> EffectResult[Any]:
         duration = time.perf_counter() - started
         fields = {"job": self.job, "key": key, "effect": self.name, "replica": replica_id()}
         report("effect", outcome, duration, fields)

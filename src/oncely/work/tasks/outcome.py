@@ -77,6 +77,7 @@ class LeaseLost:
 
 
 Outcome = Succeeded | Retried | Discarded | Dead | LeaseLost
+"""What a task attempt came to (a slot attempt's is `runner.SlotOutcome`)."""
 
 
 def decide(
