@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from .. import hooks
 from .session import end, take_over
 from .task_connections import TaskPool
-from .task_queue import _TX, Leased, Settle, TaskQueue, TaskSession
+from .task_queue import _TX, Leased, Settle, TaskQueue, TaskSession, ready_to_ack
 
 
 class TaskGroup:
@@ -110,13 +110,9 @@ class GroupMember:
         """Flush what the task left pending, then ack it inside its savepoint: True; False if
         its lease was lost (rolled back to its savepoint); None if it made no statement (its
         ack is a `Settle` for the worker to write)."""
-        session, sync = self.session, self.session.sync_session
-        if sync.new or sync.dirty or sync.deleted:
-            await session.flush()  # the task's own work: an error here is the task's
-        if not self.touched:
+        if not await ready_to_ack(self):
             return None
-        take_over(sync)
-        group, item = self.group, self.item
+        session, group, item = self.session, self.group, self.item
         tasks = group.tasks
         with tasks.db.translate():
             hooks.before_commit(item.task, str(item.id))

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -279,6 +279,24 @@ def _error_row(s: Settle, by: str | None) -> dict[str, Any]:
     return {"p_task": s.item.id, "p_attempt": s.item.attempt, "p_error": s.error, "p_by": by}
 
 
+class _Handle(Protocol):
+    session: AsyncSession
+    touched: bool
+
+
+async def ready_to_ack(handle: _Handle) -> bool:
+    """Flush what a task left pending in its session (its own work: an error here is the
+    task's); whether it made a statement, and if so its session is taken over for the ack
+    (a task that made none has nothing to ack in a transaction: its ack is a `Settle`)."""
+    session, sync = handle.session, handle.session.sync_session
+    if sync.new or sync.dirty or sync.deleted:
+        await session.flush()
+    if not handle.touched:
+        return False
+    take_over(sync)
+    return True
+
+
 class TaskTransaction:
     """One task's own transaction, holding that task's statements and its ack, nothing else.
 
@@ -332,13 +350,9 @@ class TaskTransaction:
         (and its `result`, JSON text, if any): True; False if its lease was lost (nothing of
         it committed); None if the task made no statement (nothing to commit: its ack is a
         `Settle` for the worker to write)."""
-        session, sync = self.session, self.session.sync_session
-        if sync.new or sync.dirty or sync.deleted:
-            await session.flush()  # the task's own work: an error here is the task's
-        if not self.touched:
+        if not await ready_to_ack(self):
             return None
-        take_over(sync)
-        item = self.item
+        session, item = self.session, self.item
         with self.tasks.db.translate():
             if self._driver is not None and result is None:
                 hooks.before_commit(item.task, str(item.id))
