@@ -5,17 +5,18 @@
 
 For each system, in a fresh database of its own: enqueue rate (one task per transaction, one
 autocommitted task, and batches; oncely both on an AsyncSession and on a bare asyncpg
-connection, pgqueuer's own rows being on asyncpg), drain throughput of N no-op tasks and of
-N tasks that insert one row, at each concurrency (oncely also with limits: the one-row task
-with a concurrency key of 1 over 8 keys, and with a rate), and enqueue-to-start latency (p50/p99)
-with the worker idle. Concurrency is each system's own knob; pgqueuer is measured in both of
-its shapes (one manager dequeuing N per batch; N managers of batch 10) and the better is
+connection, pgqueuer's own rows being on asyncpg), drain throughput of N no-op tasks and of N
+tasks that insert one row, at each concurrency (oncely's one-row task inserts through its
+session; in `one_row_driver` it inserts on the asyncpg connection it asks its session for,
+`oncely.asyncpg_connection`, as the peers' tasks do in both; oncely also with limits: the
+one-row task with a concurrency key of 1 over 8 keys, and with a rate), and enqueue-to-start latency
+(p50/p99) with the worker idle. Concurrency is each system's own knob; pgqueuer is measured in
+both of its shapes (one manager dequeuing N per batch; N managers of batch 10) and the better is
 kept, and a cell that would need more connections than the server has left is n/a. Each
 measurement is repeated --rounds times, systems interleaved, and the best round is kept (the
-machine is shared; the best round is the least disturbed). oncely's one-row task inserts its
-row in the task's own transaction, with the ack; the peers' tasks insert theirs on a pooled
-connection, in a transaction separate from the job's completion (they have no way to share
-it).
+machine is shared; the best round is the least disturbed). oncely's one-row task inserts its row
+in the task's own transaction, with the ack; the peers' tasks insert theirs on a pooled
+connection, in a transaction separate from the job's completion (they have no way to share it).
 Never a test: numbers depend on the machine.
 """
 
@@ -93,7 +94,7 @@ class System:
 
     name = ""
     room = 90  # connections this system may open at once (the server's max less a margin)
-    drains: tuple[str, ...] = ("noop", "one_row")
+    drains: tuple[str, ...] = ("noop", "one_row", "one_row_driver")
     """The drains it has tasks for (keyed and rated need per-key and rate limits)."""
 
     def shapes(self, concurrency: int) -> list[str]:
@@ -156,7 +157,7 @@ RATE = "1000000/s"
 
 class Oncely(System):
     name = "oncely"
-    drains = ("noop", "one_row", "keyed", "rated")
+    drains = ("noop", "one_row", "one_row_driver", "keyed", "rated")
     group = 1
     """The worker's `group` (--group): with a backlog, up to this many tasks per transaction."""
 
@@ -165,6 +166,7 @@ class Oncely(System):
         from sqlalchemy.ext.asyncio import AsyncSession
 
         from oncely import Oncely as App
+        from oncely import asyncpg_connection
 
         self.dsn = dsn
         self.app = App(dsn)
@@ -182,6 +184,11 @@ class Oncely(System):
         async def one_row(db, n: int) -> None:  # type: ignore[no-untyped-def]
             await db.execute(insert, {"n": n})
 
+        @self.app.task
+        async def one_row_driver(db, n: int) -> None:  # type: ignore[no-untyped-def]
+            conn = await asyncpg_connection(db)  # in the task's transaction, as above
+            await conn.execute("INSERT INTO bench_effects (n) VALUES ($1)", n)
+
         # one_row with limits: at most one at a time per key, over KEYS keys; and a rate that
         # the drain does not reach (what its bookkeeping costs, not how it paces).
         @self.app.task(concurrency=1, concurrency_key=lambda n: f"k{n % KEYS}")
@@ -192,7 +199,13 @@ class Oncely(System):
         async def rated(db, n: int) -> None:  # type: ignore[no-untyped-def]
             await db.execute(insert, {"n": n})
 
-        self.tasks = {"noop": noop, "one_row": one_row, "keyed": keyed, "rated": rated}
+        self.tasks = {
+            "noop": noop,
+            "one_row": one_row,
+            "one_row_driver": one_row_driver,
+            "keyed": keyed,
+            "rated": rated,
+        }
         self.floor_insert = sa.text(FLOOR_INSERT_SQL)
         self.held: Any = None
         self.auto: Any = None
@@ -326,7 +339,11 @@ class Procrastinate(System):
         async def one_row(n: int) -> None:
             await pool.execute("INSERT INTO bench_effects (n) VALUES ($1)", n)
 
-        self.tasks = {"noop": noop, "one_row": one_row}
+        @self.app.task(name="one_row_driver")  # the same task: it is on the driver already
+        async def one_row_driver(n: int) -> None:
+            await pool.execute("INSERT INTO bench_effects (n) VALUES ($1)", n)
+
+        self.tasks = {"noop": noop, "one_row": one_row, "one_row_driver": one_row_driver}
 
     async def reset(self) -> None:
         conn = await asyncpg.connect(self.dsn)
@@ -398,6 +415,12 @@ class PgQueuer(System):
 
         @qm.entrypoint("one_row")
         async def one_row(job: Any) -> None:
+            await pool.execute(
+                "INSERT INTO bench_effects (n) VALUES ($1)", json.loads(job.payload)["n"]
+            )
+
+        @qm.entrypoint("one_row_driver")  # the same job: it is on the driver already
+        async def one_row_driver(job: Any) -> None:
             await pool.execute(
                 "INSERT INTO bench_effects (n) VALUES ($1)", json.loads(job.payload)["n"]
             )
@@ -556,7 +579,7 @@ async def main() -> None:
     parser.add_argument("--only-latency", action="store_true", help="skip enqueue and drains")
     parser.add_argument(
         "--drains",
-        default="noop,one_row,keyed,rated",
+        default="noop,one_row,one_row_driver,keyed,rated",
         help='which drains to time ("" for none; keyed and rated: oncely only)',
     )
     parser.add_argument("--no-enqueue", action="store_true", help="skip the enqueue rows")
@@ -694,7 +717,7 @@ def print_table(
         "enqueue batch",
     ):
         order += [f"{metric} /s", f"{metric}{ASYNCPG} /s", f"{metric}{ALONE} /s"]
-    for task in ("noop", "one_row", "keyed", "rated"):
+    for task in ("noop", "one_row", "one_row_driver", "keyed", "rated"):
         order += [f"drain {task} c={c} /s" for c in args.concurrency.split(",")]
         order.append(f"drain {task} best /s")
     order += ["latency p50 ms", "latency p99 ms"]

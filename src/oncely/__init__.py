@@ -46,6 +46,7 @@ _WHERE = {
     "Schedule": "schedule",
     "cron": "schedule",
     "every": "schedule",
+    "asyncpg_connection": "store",
     "claim_run": "store",
     "claim_run_sync": "store",
     "Task": "tasks",
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
     from .model import Claim, RunResult, RunStatus, Slot, TaskRecord, TaskState
     from .retry import Discard, GiveUp, Retry, RetryPolicy
     from .schedule import CronSchedule, EverySchedule, Schedule, cron, every
-    from .store import claim_run, claim_run_sync
+    from .store import asyncpg_connection, claim_run, claim_run_sync
     from .tasks import Task
 
 
@@ -131,6 +132,7 @@ __all__ = [
     "UnknownJobError",
     "UnknownTaskError",
     "__version__",
+    "asyncpg_connection",
     "claim_run",
     "claim_run_sync",
     "cron",

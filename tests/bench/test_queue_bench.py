@@ -22,6 +22,7 @@ ROWS = [
     "drain noop c=2 /s",
     "drain one_row c=1 /s",
     "drain one_row best /s",
+    "drain one_row_driver c=2 /s",
     "drain keyed c=1 /s",
     "drain rated best /s",
     "latency p50 ms",

@@ -18,6 +18,7 @@ from .claims import claim_run, claim_run_sync
 from .control import Action
 from .dialect import ClaimAnswer, ClaimRequest
 from .dialects import dialect_for
+from .driver_handle import asyncpg_connection
 from .lost_commit import claim_landed
 from .migrations import COMPATIBLE_UP_TO, LATEST
 from .schedules import LEDGER_PREFIX
@@ -59,6 +60,7 @@ __all__ = [
     "TaskTransaction",
     "WorkerConnections",
     "advance_schedule",
+    "asyncpg_connection",
     "borrowed",
     "claim_landed",
     "claim_run",

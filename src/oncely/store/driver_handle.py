@@ -1,0 +1,45 @@
+"""The driver's own connection under a session, for code that asks for it.
+
+A task, job or effect body gets an `AsyncSession`; its statements go through SQLAlchemy
+(compilation, the cursor adapter, the result). On Postgres with asyncpg, a body may ask for
+the asyncpg connection under its session instead and send its statements on it: the same
+transaction, without SQLAlchemy's per-statement work (docs/design/task-execution.md, "A
+handle on the driver").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from ..errors import ConfigError
+from .dialects import dialect_for
+
+
+async def asyncpg_connection(session: AsyncSession) -> Any:
+    """The asyncpg connection under `session`, inside the session's transaction (begun here,
+    as SQLAlchemy begins it, if the session has made no statement yet).
+
+    What is sent on it commits or rolls back with the session's own work: in a task, with its
+    ack; in a job, with its claim; in a group of tasks, inside the task's savepoint. It is the
+    session's connection, lent: never COMMIT, ROLLBACK, SAVEPOINT or close on it, and keep no
+    reference to it after the body returns. The session's pending objects are flushed first.
+    Raises ConfigError where there is no such connection (SQLite, psycopg, a session in
+    autocommit mode).
+    """
+    if not isinstance(session, AsyncSession):
+        raise ConfigError(
+            "asyncpg_connection() takes the AsyncSession oncely passed in,"
+            f" not {type(session).__name__}"
+        )
+    bind = await session.connection()
+    name = f"{bind.dialect.name}+{bind.dialect.driver}"
+    driver = await dialect_for(bind.dialect.name).session_driver(session, bind)
+    if driver is None or not driver.is_in_transaction():
+        where = "in autocommit mode" if driver is not None else f"on {name}"
+        raise ConfigError(
+            f"asyncpg_connection() needs a session in a transaction on postgresql+asyncpg;"
+            f" this one runs {where}: use the session itself"
+        )
+    return driver
