@@ -124,6 +124,40 @@ async def test_grouping_off_runs_no_group(pg_app: Oncely, messages: Messages) ->
     assert messages.seen == {}
 
 
+async def test_a_group_whose_tasks_make_no_statement_begins_no_transaction(
+    pg_app: Oncely, messages: Messages, recorded: Any
+) -> None:
+    ran: list[int] = []
+
+    @pg_app.task
+    async def quiet(db: Any, n: int) -> None:
+        ran.append(n)
+
+    @pg_app.task
+    async def write(db: Any, n: int) -> None:
+        await db.execute(INSERT, {"n": n})
+
+    await in_tx(pg_app, lambda db: quiet.enqueue_many(db, [{"n": n} for n in range(20)]))
+    # One lane, twenty tasks ready: groups of ten, none of whose tasks makes a statement.
+    await drain(pg_app, lambda: all_ended(pg_app), concurrency=1, group=10)
+    assert sorted(ran) == list(range(20))
+    started = recorded.named("task.started")
+    # The lease takes them as they come: most run grouped (one may run alone between two).
+    assert len(started) == 20 and sum(bool(f.get("grouped")) for f in started) >= 10
+    assert messages.seen["group begun"] == 0  # no BEGIN, no connection taken for them
+    assert {r.state for r in (await tasks_by_n(pg_app)).values()} == {"succeeded"}
+
+    # A group's first statement, wherever it comes, begins it: once per group.
+    await in_tx(pg_app, lambda db: quiet.enqueue_many(db, [{"n": n} for n in range(20, 25)]))
+    await in_tx(pg_app, lambda db: write.enqueue_many(db, [{"n": n} for n in range(25, 30)]))
+    await drain(pg_app, lambda: all_ended(pg_app), concurrency=1, group=10)
+    writes = [f for f in recorded.named("task.started") if f["task"] == "write"]
+    grouped = sum(bool(f.get("grouped")) for f in writes)
+    assert grouped >= 1 and messages.seen["acked in a group"] == grouped
+    assert 1 <= messages.seen["group begun"] <= grouped
+    assert await effects(pg_app) == list(range(25, 30))
+
+
 async def test_a_task_that_raises_mid_group_rolls_back_alone_and_retries(
     pg_app: Oncely, messages: Messages
 ) -> None:

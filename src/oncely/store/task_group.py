@@ -8,7 +8,9 @@ task's work with its ack. Nothing of the group is in the database before that CO
 that dies mid-group leaves every task of it leased, to run again when the lease runs out; a
 COMMIT that fails lands none of them, and the worker runs each again on its own. The round
 trips per task that writes one row: its statement and its ack (which releases its savepoint
-and takes the next in the same message); the BEGIN and the COMMIT are the group's.
+and takes the next in the same message); the BEGIN and the COMMIT are the group's. The group
+takes its connection and begins at the first statement of any of its tasks: a group whose
+tasks make none takes no connection and sends nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.util import await_only
 
 from .. import hooks
 from .session import end, take_over
@@ -36,18 +39,25 @@ class TaskGroup:
         self._driver: Any = None
         self._next_begun = False
 
-    async def begin(self) -> None:
-        """Take a connection of the pool (waiting in line for one), begin the group's
-        transaction on it and take the first task's savepoint."""
-        conn, begun = await self.pool.take()
-        self._conn = conn
-        with self.tasks.db.translate():
-            self._driver = await self.dialect.begin_group(conn, begun=begun)
+    @property
+    def begun(self) -> bool:
+        """A task of the group made a statement: the group holds a connection and a
+        transaction (until its commit or close)."""
+        return self._conn is not None
+
+    async def begin(self) -> AsyncConnection:
+        """The group's connection: at the first call, take one of the pool (waiting in line
+        for it), begin the group's transaction on it and take the first savepoint."""
+        if self._conn is None:
+            conn, begun = await self.pool.take()
+            self._conn = conn
+            with self.tasks.db.translate():
+                self._driver = await self.dialect.begin_group(conn, begun=begun)
+        return self._conn
 
     def member(self, item: Leased) -> GroupMember:
         """The next task of the group: its session runs inside the group's transaction."""
-        assert self._conn is not None, "begin() first"
-        return GroupMember(self, item, self._conn)
+        return GroupMember(self, item)
 
     async def record(self, settle: Settle) -> bool:
         """Write a failed task's retry or end in the group's transaction (its work was rolled
@@ -61,7 +71,10 @@ class TaskGroup:
 
     async def commit(self) -> None:
         """Commit every task's work and ack, and the failures written, at once (raises an
-        OncelyError, nothing of the group committed, if the COMMIT fails)."""
+        OncelyError, nothing of the group committed, if the COMMIT fails); nothing to send if
+        no task of the group made a statement."""
+        if self._conn is None:
+            return
         begin_next = self.pool.waiting
         with self.tasks.db.translate():
             await self.dialect.commit_group(self._driver, begin_next=begin_next)
@@ -84,11 +97,10 @@ class TaskGroup:
 class GroupMember:
     """One task of a group: its session, and its ack or undo inside its savepoint."""
 
-    def __init__(self, group: TaskGroup, item: Leased, conn: AsyncConnection) -> None:
+    def __init__(self, group: TaskGroup, item: Leased) -> None:
         self.group = group
         self.pool = group.pool  # what `task_queue._bound` reads of a task's session
         self.item = item
-        self._conn = conn
         self.touched = False
         """The task made a statement (inside its savepoint)."""
         self.session = AsyncSession(
@@ -97,8 +109,10 @@ class GroupMember:
         self.session.sync_session.info[_TX] = self
 
     def connection(self) -> Connection:
-        """The group's connection (the task's session asks at its first statement)."""
-        sync = self._conn.sync_connection
+        """The group's connection, begun at the first statement of any of its tasks (the
+        task's session asks at its first statement, in its greenlet, where the pool can be
+        awaited)."""
+        sync = await_only(self.group.begin()).sync_connection
         assert sync is not None
         return sync
 

@@ -69,7 +69,6 @@ class GroupRunner:
         group = self.conns.group(self.options.pool_size)
         ended: list[Ended] = []
         try:
-            await group.begin()
             for item in items:
                 with tracing.current(spans[item.id]):
                     ended.append(await self._member(group, item))
