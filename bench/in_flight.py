@@ -10,7 +10,9 @@ procrastinate as bench/queues.py drives them (their tasks insert on a pool of --
 asyncpg connections). A thread samples pg_stat_activity every few milliseconds from a
 connection to the admin database and keeps the peak number of connections to the system's
 own database (the sampler and the bench's progress probe excluded). oncely also drains the
-same tasks without the insert ("no database"): the sleep alone, which takes no connection.
+same tasks without the insert ("no database"): the sleep alone, which takes no connection;
+and with the insert sent on the asyncpg connection its session lends it
+(`oncely.asyncpg_connection`, in the task's transaction), as the peers' tasks send theirs.
 
 The floor: the transaction each of oncely's one-row tasks commits, sent by pgbench (a C
 client, no task system) on --pool-size connections, --tasks times, in the same run: `BEGIN;
@@ -59,6 +61,8 @@ PROBE = "oncely_bench_probe"
 
 SLEEP_ROW = "sleep_row"
 SLEEP = "sleep"
+SLEEP_ROW_DRIVER = "sleep_row_driver"
+DRIVER_ROW = "oncely, asyncpg_connection"
 
 # -- the systems: bench/queues.py's, with the sleeping tasks ------------------------------
 
@@ -81,6 +85,8 @@ class Oncely(queues.Oncely):
     async def setup(self, dsn: str) -> None:
         import sqlalchemy as sa
 
+        from oncely import asyncpg_connection
+
         await super().setup(dsn)
         await self.raw.close()  # queues.py's driver enqueues are not measured here
         insert = sa.text("INSERT INTO bench_effects (n) VALUES (:n)")
@@ -93,12 +99,19 @@ class Oncely(queues.Oncely):
             await asyncio.sleep(bench.wait)
             await db.execute(insert, {"n": n})
 
+        @self.app.task(name=SLEEP_ROW_DRIVER)
+        async def sleep_row_driver(db, n: int) -> None:  # type: ignore[no-untyped-def]
+            runs.counts[n] += 1
+            await asyncio.sleep(bench.wait)
+            conn = await asyncpg_connection(db)
+            await conn.execute("INSERT INTO bench_effects (n) VALUES ($1)", n)
+
         @self.app.task(name=SLEEP)
         async def sleep(db, n: int) -> None:  # type: ignore[no-untyped-def]
             runs.counts[n] += 1
             await asyncio.sleep(bench.wait)
 
-        self.tasks.update({SLEEP_ROW: sleep_row, SLEEP: sleep})
+        self.tasks.update({SLEEP_ROW: sleep_row, SLEEP_ROW_DRIVER: sleep_row_driver, SLEEP: sleep})
 
     def needs(self, concurrency: int, shape: str) -> int:
         # Its pool, its control connection, its LISTEN, the app's engine (schema check).
@@ -545,6 +558,7 @@ def plan_drains(
                 f" {room} left"
             )
         if system.name == "oncely":
+            plan.append((system, DRIVER_ROW, SLEEP_ROW_DRIVER, ""))
             plan.append((system, "oncely, no database", SLEEP, ""))
     return plan, skipped
 
@@ -627,7 +641,8 @@ def print_table(
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (row, _), result in results.items():
-        ratio = f"{mine.rate / result.rate:.2f}" if mine and row != "oncely, no database" else "n/a"
+        theirs = row not in ("oncely, no database", DRIVER_ROW)
+        ratio = f"{mine.rate / result.rate:.2f}" if mine and theirs else "n/a"
         if row == FLOOR:
             print(
                 f"| {row} | {result.rate:,.1f} | {ratio} | {result.peak} | - | - | -"
@@ -639,6 +654,9 @@ def print_table(
             f" ({result.twice}) | {result.rows} | {result.cpu:.2f} | {result.machine:.2f}"
             f" | {result.load:.2f} | {shapes[row, ''] or '-'} |"
         )
+    driver, peer = results.get((DRIVER_ROW, "")), results.get(("pgqueuer", ""))
+    if driver and peer:
+        print(f"\n{DRIVER_ROW} / pgqueuer: {driver.rate / peer.rate:.2f}")
     for line in skipped:
         print(f"\nskipped: {line}")
 
