@@ -42,9 +42,17 @@ def main() -> int:
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--lease", type=float, default=3.0, help="the workers' task lease")
     parser.add_argument("--out", type=Path, default=None, help="where to keep the run's files")
+    parser.add_argument(
+        "--group",
+        type=int,
+        default=5,
+        help="the odd-numbered workers run with `oncely worker --group` this (Postgres; 1: none)",
+    )
     args = parser.parse_args()
     if args.workers < 1 or args.duration <= 0 or args.lease <= 0:
         parser.error("--workers, --duration and --lease must be positive")
+    if not 1 <= args.group <= 50:
+        parser.error("--group must be from 1 to 50")
     run_dir = args.out or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     print(
@@ -62,6 +70,7 @@ def main() -> int:
             faults=args.faults,
             lease=args.lease,
             restart=restart,
+            group=args.group,
         )
         report = asyncio.run(run(options))
     print("\n".join(report.lines()))

@@ -11,6 +11,9 @@ The checks, each pass or fail with its evidence:
 - `refusals`: what the model refuses was refused (a rename of a registered job without
   --force, a slot not yet due through the API);
 - `task effects once`: each enqueued idempotency key took effect exactly once;
+- `workers started`: every worker logged its start in some incarnation;
+- `grouped tasks`: the workers started with `--group` (the odd-numbered ones, on Postgres)
+  ran tasks in groups, so that the check above covered groups under the same faults;
 - `older releases burn nothing`: no task attempt failed because the worker that leased it
   could not run it (an older release: an unknown name or arguments its function does not
   take): such a task is handed back uncounted, by the model;
@@ -133,6 +136,8 @@ def check(fleet: Fleet, history: History) -> Report:
     )
     _task_effects(fleet, history, report)
     _schedules(fleet, history, report)
+    _workers(fleet, report)
+    _groups(fleet, report)
     _burnt(fleet, report)
     seen = {name for (name,) in fleet.rows("SELECT name FROM oncely_jobs")}
     absent = sorted(set(JOBS) - seen)
@@ -250,6 +255,42 @@ def _task_effects(fleet: Fleet, history: History, report: Report) -> None:
             for t, s, a, e in why
         )
     report.checks.append(Check("task effects once", not (lost or doubled), detail))
+
+
+def _workers(fleet: Fleet, report: Report) -> None:
+    """That every worker of the fleet served (logged `worker.started` in some incarnation):
+    a worker that cannot start leaves the others to do its work, and every other check
+    would pass without it."""
+    silent = [
+        f"w{w.index}"
+        for w in fleet.workers
+        if not any(
+            "worker.started" in log.read_text(errors="replace")
+            for log in fleet.options.run_dir.glob(f"fleet-w{w.index}-*.log")
+        )
+    ]
+    detail = f"never started: {', '.join(silent)}" if silent else f"all {len(fleet.workers)}"
+    report.checks.append(Check("workers started", not silent, detail))
+
+
+def _groups(fleet: Fleet, report: Report) -> None:
+    """That the workers with `--group` did run tasks in groups (their `task.started` lines
+    say `grouped=True`), so that `task effects once` covered groups under the same faults."""
+    grouped = [w for w in fleet.workers if w.grouped]
+    if not grouped:
+        return
+    logs = fleet.options.run_dir.glob("fleet-w*.log")
+    names = {f"fleet-w{w.index}-" for w in grouped}
+    starts = sum(
+        line.count("grouped=True")
+        for log in logs
+        if any(log.name.startswith(n) for n in names)
+        for line in log.read_text(errors="replace").splitlines()
+        if "task.started" in line
+    )
+    workers = ", ".join(f"w{w.index}" for w in grouped)
+    detail = f"{starts} task attempts started in groups of up to {fleet.options.group} on {workers}"
+    report.checks.append(Check("grouped tasks", starts > 0, detail))
 
 
 def _schedules(fleet: Fleet, history: History, report: Report) -> None:

@@ -53,6 +53,8 @@ ACTIONS: dict[str, int] = {
     "schedule": 3,
 }
 """Operator actions and their weights in a plan."""
+BACKLOG = 40
+"""The `work` tasks enqueued before the workers start."""
 SCHEDULES = ("s1", "s2", "s3")
 """The names the fleet's schedules kept as data take (`s1` exists from the start)."""
 FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3, "restart": 2}
@@ -74,6 +76,9 @@ class Options:
     """Seconds between two planned actions (a fault is one of them)."""
     restart: Callable[[], None] | None = None
     """Restart the fleet's own Postgres cluster (`--db cluster`); None: no such fault."""
+    group: int = 5
+    """The odd-numbered workers run with `--group` this (Postgres; 1: none does): with a
+    backlog, up to this many tasks in one transaction, a savepoint each."""
 
     @property
     def postgres(self) -> bool:
@@ -176,6 +181,12 @@ class Worker:
         self.stopped = False
 
     @property
+    def grouped(self) -> bool:
+        """Whether this worker runs groups of tasks (its `task.started` lines say which)."""
+        options = self.fleet.options
+        return options.postgres and options.group > 1 and self.index % 2 == 1
+
+    @property
     def replica(self) -> str:
         return f"fleet-w{self.index}-g{self.gen}-v{self.version}"
 
@@ -191,6 +202,9 @@ class Worker:
         lease = self.fleet.options.lease
         command = ["worker", "--lease", str(lease), "--shutdown-timeout", "5"]
         command += ["--concurrency", "4", "--pool-size", "4"]
+        if self.grouped:  # and its `task.started` lines say which tasks ran grouped
+            command = ["--event-level", "task.started=info", *command]
+            command += ["--group", str(self.fleet.options.group)]
         with log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "oncely", "--app", APP, *command],
@@ -266,6 +280,11 @@ class Fleet:
                 conn.exec_driver_sql(statement)
         self.history.started = await self.db_now()
         await self._add_schedule("s1")
+        # A backlog at the start (more tasks than the fleet's lanes): the workers with
+        # `--group` run groups from their first lease on.
+        first = range(self.counter + 1, self.counter + 1 + BACKLOG)
+        self.counter += BACKLOG
+        await self._enqueue([("work", {"n": n}, f"work:{n}") for n in first])
         for w in self.workers:
             w.start()
 
@@ -364,7 +383,9 @@ class Fleet:
 
     async def _do_enqueue(self, rng: random.Random) -> None:
         items = []
-        for _ in range(rng.randint(3, 8)):
+        # Now and then a burst larger than the fleet's free lanes: a backlog, where a worker
+        # with `--group` runs groups.
+        for _ in range(rng.randint(3, 8) if rng.random() < 0.7 else rng.randint(16, 24)):
             self.counter += 1
             n = self.counter
             if self.deployed and rng.random() < 0.5:
