@@ -160,6 +160,8 @@ class Oncely(System):
     drains = ("noop", "one_row", "one_row_driver", "keyed", "rated")
     group = 1
     """The worker's `group` (--group): with a backlog, up to this many tasks per transaction."""
+    pool_size = 0
+    """The worker's pool (--pool-size); 0: oncely's default."""
 
     async def setup(self, dsn: str) -> None:
         import sqlalchemy as sa
@@ -280,15 +282,17 @@ class Oncely(System):
         # app's engine.
         from oncely.config import POOL_SIZE
 
-        return [""] if self.room >= POOL_SIZE + 3 else []
+        return [""] if self.room >= (self.pool_size or POOL_SIZE) + 3 else []
 
     async def drain(self, total: int, concurrency: int, shape: str) -> None:
         from oncely.queue import consume
 
         stopping = asyncio.Event()
-        grouped = {"group": self.group} if self.group > 1 else {}
+        options: dict[str, int] = {"group": self.group} if self.group > 1 else {}
+        if self.pool_size:
+            options["pool_size"] = self.pool_size
         worker = asyncio.create_task(
-            consume(self.app, stopping, concurrency=concurrency, **grouped)
+            consume(self.app, stopping, concurrency=concurrency, **options)
         )
         await wait_empty(self.dsn, PENDING)
         stopping.set()
@@ -597,6 +601,13 @@ async def main() -> None:
         " savepoint each (`oncely worker --group`; 1: each task in its own)",
     )
     parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=0,
+        help="oncely's worker pool (`oncely worker --pool-size`; 0: its default, 10); the"
+        " peers' tasks insert on a pool of 20",
+    )
+    parser.add_argument(
         "--no-fsync",
         action="store_true",
         help="every system's database commits without waiting for the disk (synchronous_commit"
@@ -605,6 +616,7 @@ async def main() -> None:
     )
     args = parser.parse_args()
     Oncely.group = args.group
+    Oncely.pool_size = args.pool_size
     base = args.database_url.replace("postgresql+asyncpg://", "postgresql://")
     classes = {"oncely": Oncely, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
     systems: list[System] = []
