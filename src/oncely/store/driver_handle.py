@@ -3,8 +3,8 @@
 A task, job or effect body gets an `AsyncSession`; its statements go through SQLAlchemy
 (compilation, the cursor adapter, the result). On Postgres with asyncpg, a body may ask for
 the asyncpg connection under its session instead and send its statements on it: the same
-transaction, without SQLAlchemy's per-statement work (docs/design/task-execution.md, "A
-handle on the driver").
+transaction, without SQLAlchemy's per-statement work (docs/tasks.md, "The driver's
+connection"; its measurements in docs/design/task-execution.md, "Where a one-row task goes").
 """
 
 from __future__ import annotations

@@ -39,12 +39,6 @@ class TaskGroup:
         self._driver: Any = None
         self._next_begun = False
 
-    @property
-    def begun(self) -> bool:
-        """A task of the group made a statement: the group holds a connection and a
-        transaction (until its commit or close)."""
-        return self._conn is not None
-
     async def begin(self) -> AsyncConnection:
         """The group's connection: at the first call, take one of the pool (waiting in line
         for it), begin the group's transaction on it and take the first savepoint."""
