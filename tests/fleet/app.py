@@ -11,7 +11,9 @@ a double effect is countable: `fleet_job_effects (job, slot)` per slot run,
 - `timeouty`: every 3 s, 0.4 s timeout; sleeps past it on every third slot;
 - `slow`: every 4 s, takes 2.5 s (the operator cancels it now and then);
 - tasks `work(n)` and `limited(n)` (concurrency 1 in the database), `work_v2(n)` (v2);
-- task `scheduled(name)`: what the fleet's schedules kept as data enqueue at each slot.
+- task `scheduled(name)`: what the fleet's schedules kept as data enqueue at each slot;
+- task `grouped_work(n)`, on a queue of its own (`grouped`) that only the workers with
+  `--group` serve: the backlog they run in groups.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from oncely import Oncely, every
 from oncely.identity import replica_id
 
 VERSION = int(os.environ.get("ONCELY_FLEET_VERSION", "1"))
+GROUPED_QUEUE = "grouped"
 
 app = Oncely()
 
@@ -103,6 +106,11 @@ async def scheduled(db, name: str):  # type: ignore[no-untyped-def]
     """The target of the fleet's data schedules: one effect row per slot run (key: the
     schedule's name; the checks count them against the schedule's claimed slots)."""
     await _task_effect(db, "scheduled", name, None)
+
+
+@app.task(queue=GROUPED_QUEUE)
+async def grouped_work(db, n: int):  # type: ignore[no-untyped-def]
+    await _task_effect(db, "grouped_work", f"grouped_work:{n}", None)
 
 
 @app.task(concurrency=1)

@@ -54,7 +54,7 @@ ACTIONS: dict[str, int] = {
 }
 """Operator actions and their weights in a plan."""
 BACKLOG = 40
-"""The `work` tasks enqueued before the workers start."""
+"""The tasks enqueued before the workers start (`grouped_work` where a worker runs groups)."""
 SCHEDULES = ("s1", "s2", "s3")
 """The names the fleet's schedules kept as data take (`s1` exists from the start)."""
 FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3, "restart": 2}
@@ -205,6 +205,8 @@ class Worker:
         if self.grouped:  # and its `task.started` lines say which tasks ran grouped
             command = ["--event-level", "task.started=info", *command]
             command += ["--group", str(self.fleet.options.group)]
+        elif self.fleet.grouping:  # the `grouped` queue's backlog is the grouped workers'
+            command += ["--queues", "default"]
         with log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "oncely", "--app", APP, *command],
@@ -244,6 +246,8 @@ class Fleet:
         self.app = load_app(1, options.url)
         self.app_v2 = load_app(2, options.url)
         self.workers = [Worker(self, i) for i in range(options.workers)]
+        self.grouping = any(w.grouped for w in self.workers)
+        """Some worker runs groups: the `grouped` queue is its (and its peers') alone."""
         self.deployed = False
         self.counter = 0
         self._background: set[asyncio.Task[None]] = set()
@@ -280,11 +284,13 @@ class Fleet:
                 conn.exec_driver_sql(statement)
         self.history.started = await self.db_now()
         await self._add_schedule("s1")
-        # A backlog at the start (more tasks than the fleet's lanes): the workers with
-        # `--group` run groups from their first lease on.
+        # A backlog at the start, on the queue only the workers with `--group` serve (more
+        # tasks than their lanes): they run groups from their first lease on, whatever the
+        # other workers do. Without such workers, the same backlog of `work`.
         first = range(self.counter + 1, self.counter + 1 + BACKLOG)
         self.counter += BACKLOG
-        await self._enqueue([("work", {"n": n}, f"work:{n}") for n in first])
+        name = "grouped_work" if self.grouping else "work"
+        await self._enqueue([(name, {"n": n}, f"{name}:{n}") for n in first])
         for w in self.workers:
             w.start()
 
