@@ -30,8 +30,8 @@ async def asyncpg_connection(session: AsyncSession) -> Any:
     """
     if not isinstance(session, AsyncSession):
         raise ConfigError(
-            "asyncpg_connection() takes the AsyncSession oncely passed in,"
-            f" not {type(session).__name__}"
+            "asyncpg_connection() takes an AsyncSession (an async task's, job's or effect's"
+            f" session), not {type(session).__name__}"
         )
     bind = await session.connection()
     name = f"{bind.dialect.name}+{bind.dialect.driver}"
