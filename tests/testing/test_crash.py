@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from datetime import datetime
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -113,3 +114,48 @@ async def test_a_handler_without_a_claim_is_never_stopped_and_fails(
     assert shop.payments(sync_engine) == 2
     with pytest.raises(AssertionError, match="not stopped between work and commit"):
         result.assert_once()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # the server's sessions
+async def test_the_retry_waits_for_the_killed_childs_session_to_end(
+    shop_app: Oncely,
+    sync_engine: sa.Engine,
+    fake_provider: FakeProvider,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded machine the server ends a SIGKILLed client's session a moment after the
+    child is gone; until then its transaction holds the slot's lock. Here a connection of the
+    test holds that lock from the child's death until 0.3 s later, as such a session would:
+    the retry still runs the slot, once."""
+    import asyncio
+
+    import asyncpg
+
+    from oncely.locks import slot_lock_key
+    from oncely.testing import deliver
+
+    crash_in_child = deliver._crash_in_child
+    released: list[bool] = []
+
+    async def lingering(target: Any, timeout: float) -> Any:
+        crashed = await crash_in_child(target, timeout)
+        conn = await asyncpg.connect(db_url)
+        assert await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", *lock)
+
+        async def end_later() -> None:
+            await asyncio.sleep(0.3)
+            await conn.close()
+            released.append(True)
+
+        asyncio.get_running_loop().create_task(end_later())
+        return crashed
+
+    slot = JobSlot(shop_app, "bonus", FRIDAY_1800)
+    lock = slot_lock_key("bonus", "2026-11-28T00:00:00Z")
+    monkeypatch.setattr(deliver, "_crash_in_child", lingering)
+    result = await crash_between_work_and_ack(slot, effects=lambda: fake_provider.applied)
+    result.assert_once()
+    assert released == [True]  # the retry ran only after the lock was released
+    assert result.retry.status == "ran" and shop.payments(sync_engine) == 1
