@@ -23,6 +23,15 @@ async def effects(app: Oncely) -> list[int]:
         return [r[0] for r in rows]
 
 
+async def all_ended(app: Oncely) -> bool:
+    """Whether no task is left available or running."""
+    async with app.store.engine.connect() as conn:
+        left = await conn.scalar(
+            sa.text("SELECT count(*) FROM oncely_tasks WHERE state IN ('available', 'running')")
+        )
+        return left == 0
+
+
 async def in_tx(app: Oncely, work: Callable[[AsyncSession], Awaitable[Any]]) -> Any:
     """Run `work(db)` in a transaction of its own, committed."""
     async with AsyncSession(app.store.engine) as db, db.begin():

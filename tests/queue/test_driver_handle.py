@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
+from queue_helpers import all_ended, drain, effects, in_tx  # type: ignore[import-not-found]
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from oncely import ConfigError, Oncely, RetryPolicy, RunStatus, asyncpg_connection, every
@@ -38,14 +38,6 @@ async def rows(app: Oncely) -> dict[int, Any]:
             )
         )
         return {r.n: r for r in found}
-
-
-async def all_ended(app: Oncely) -> bool:
-    async with app.store.engine.connect() as conn:
-        left = await conn.scalar(
-            sa.text("SELECT count(*) FROM oncely_tasks WHERE state IN ('available', 'running')")
-        )
-        return left == 0
 
 
 @pytest.mark.postgres

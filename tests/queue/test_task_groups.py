@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from queue_helpers import drain, effects, in_tx  # type: ignore[import-not-found]
+from queue_helpers import all_ended, drain, effects, in_tx  # type: ignore[import-not-found]
 from sqlalchemy.orm import Session
 from tests.apps.queue_app import EFFECTS_DDL, hang, record
 from tests.conftest import _reset_postgres, _sync_url
@@ -71,14 +71,6 @@ async def tasks_by_n(app: Oncely) -> dict[int, Any]:
             )
         )
         return {int(r.n): r for r in rows}
-
-
-async def all_ended(app: Oncely) -> bool:
-    async with app.store.engine.connect() as conn:
-        left = await conn.scalar(
-            sa.text("SELECT count(*) FROM oncely_tasks WHERE state IN ('available', 'running')")
-        )
-        return left == 0
 
 
 def test_group_is_an_option_from_1_to_50() -> None:
