@@ -14,7 +14,15 @@ import sqlalchemy as sa
 from queue_helpers import all_ended, drain, effects, in_tx  # type: ignore[import-not-found]
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from oncely import ConfigError, Oncely, RetryPolicy, RunStatus, asyncpg_connection, every
+from oncely import (
+    ConfigError,
+    JobTransactionError,
+    Oncely,
+    RetryPolicy,
+    RunStatus,
+    asyncpg_connection,
+    every,
+)
 
 INSERT = "INSERT INTO effects (n) VALUES ($1)"
 SLOT = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -69,6 +77,32 @@ async def test_a_task_writing_on_the_driver_commits_with_its_ack_and_a_failure_r
     }
     # The driver's insert, the session's and the ack: one (sub)transaction.
     assert all(r.effects_in == [r.acked_in] for r in found.values())
+
+
+@pytest.mark.postgres
+async def test_a_grouped_task_on_the_driver_alone_never_begins_its_session(pg_app: Oncely) -> None:
+    in_session: list[bool] = []
+    kept: list[Any] = []
+
+    @pg_app.task
+    async def write(db: Any, n: int) -> None:
+        conn = await asyncpg_connection(db)
+        await conn.execute(INSERT, n)
+        in_session.append(db.in_transaction())  # the group's savepoint holds it, not the session
+        kept.append(db)
+
+    await in_tx(pg_app, lambda db: write.enqueue_many(db, [{"n": n} for n in range(30)]))
+    await drain(pg_app, lambda: all_ended(pg_app), concurrency=2, group=5)
+
+    assert await effects(pg_app) == list(range(30))
+    found = await rows(pg_app)
+    assert all(r.state == "succeeded" and r.effects_in == [r.acked_in] for r in found.values())
+    # Most ran in groups; the last ones, with no backlog left, may run alone, where the task's
+    # own transaction begins with its session.
+    assert in_session.count(False) >= 10, in_session
+    # A session kept past its task lends nothing: the group's connection has moved on.
+    with pytest.raises(JobTransactionError, match="belonged to an attempt that has ended"):
+        await asyncpg_connection(kept[0])
 
 
 @pytest.mark.postgres

@@ -488,6 +488,12 @@ class ConnectionStatements(SqlFragments):
         connection, or return None when SQLAlchemy's own BEGIN is the task's transaction."""
         return None
 
+    async def begin_task_lent(self, connection: Connection, *, begun: bool = False) -> Any:
+        """`begin_task` for a task that asks for the driver's connection before its session
+        made a statement (`asyncpg_connection`), outside the session's greenlet: the driver
+        connection in the task's transaction, or None (the session begins as usual)."""
+        return None
+
     async def ack_and_commit(
         self,
         driver: Any,

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from ..errors import ConfigError
 from .dialects import dialect_for
+from .session import driver_lender
 
 
 async def asyncpg_connection(session: AsyncSession) -> Any:
@@ -33,6 +34,15 @@ async def asyncpg_connection(session: AsyncSession) -> Any:
             "asyncpg_connection() takes an AsyncSession (an async task's, job's or effect's"
             f" session), not {type(session).__name__}"
         )
+    sync = session.sync_session
+    lend = driver_lender(sync)
+    if lend is not None and not (sync.new or sync.deleted or sync.identity_map.check_modified()):
+        # A task's, with nothing to flush first: its transaction (or in a group, its
+        # savepoint) is held on the driver, begun here if the task made no statement yet; the
+        # session need not begin on it.
+        driver = await lend()
+        if driver is not None:
+            return driver
     bind = await session.connection()
     name = f"{bind.dialect.name}+{bind.dialect.driver}"
     driver = await dialect_for(bind.dialect.name).session_driver(session, bind)

@@ -290,12 +290,15 @@ class PostgresDialect(Dialect):
         return engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def begin_task(self, connection: Connection, *, begun: bool = False) -> Any:
-        driver = getattr(connection.connection, "driver_connection", None)
-        autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
-        if not autocommit or not isinstance(driver, asyncpg.Connection):
-            return None  # SQLAlchemy's BEGIN (another driver, or the user's own engine)
-        if not (begun and driver.is_in_transaction()):
+        driver = _task_driver(connection)
+        if driver is not None and not (begun and driver.is_in_transaction()):
             await_only(driver.execute(TASK_BEGIN))
+        return driver
+
+    async def begin_task_lent(self, connection: Connection, *, begun: bool = False) -> Any:
+        driver = _task_driver(connection)
+        if driver is not None and not (begun and driver.is_in_transaction()):
+            await driver.execute(TASK_BEGIN)
         return driver
 
     async def ack_and_commit(
@@ -557,3 +560,15 @@ class LentPsycopg2(PGDialect_psycopg2):
 
 registry.register(f"postgresql.{LENT_PSYCOPG}", __name__, "LentPsycopg")
 registry.register(f"postgresql.{LENT_PSYCOPG2}", __name__, "LentPsycopg2")
+
+
+def _task_driver(connection: Connection) -> Any:
+    """The asyncpg connection under a task's connection of the worker's pool, where oncely
+    holds the task's transaction on the driver (the pool's connections are in autocommit for
+    SQLAlchemy); None where SQLAlchemy's BEGIN is the task's (another driver, the user's own
+    engine)."""
+    driver = getattr(connection.connection, "driver_connection", None)
+    autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    if not autocommit or not isinstance(driver, asyncpg.Connection):
+        return None
+    return driver

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -15,6 +16,7 @@ _CLAIMED = "oncely.claimed"
 _ENDED = "oncely.ended"
 _XACT = "oncely.xact"
 _PAUSE_READ = "oncely.pause_read"
+_LENDER = "oncely.driver_lender"
 
 
 class AttemptSession(Session):
@@ -61,6 +63,21 @@ def take_over(session: Session) -> None:
 def end(session: Session) -> None:
     """Refuse every later use of an attempt's session (its connection moves on)."""
     session.info[_ENDED] = True
+
+
+def set_driver_lender(session: Session, lend: Callable[[], Awaitable[Any]] | None) -> None:
+    """Mark a task's session whose transaction oncely holds on the driver: `lend()` begins it
+    if need be and returns the driver's connection inside it, without SQLAlchemy's session
+    beginning (`asyncpg_connection`); None: no longer (the attempt ended)."""
+    if lend is None:
+        session.info.pop(_LENDER, None)
+    else:
+        session.info[_LENDER] = lend
+
+
+def driver_lender(session: Session) -> Callable[[], Awaitable[Any]] | None:
+    """The session's `set_driver_lender`, or None."""
+    return session.info.get(_LENDER)
 
 
 def violation(session: Session) -> Any:

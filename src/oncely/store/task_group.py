@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.util import await_only
 
 from .. import hooks
-from .session import end, take_over
+from .session import end, set_driver_lender, take_over
 from .task_connections import TaskPool
 from .task_queue import _TX, Leased, Settle, TaskQueue, TaskSession, ready_to_ack
 
@@ -97,10 +97,14 @@ class GroupMember:
         self.item = item
         self.touched = False
         """The task made a statement (inside its savepoint)."""
+        self.opened = False
+        """SQLAlchemy's session began (on the group's connection): it has a transaction of
+        its own to end at `close`, where one taken on the driver alone has none."""
         self.session = AsyncSession(
             bind=group.pool.engine, sync_session_class=TaskSession, expire_on_commit=False
         )
         self.session.sync_session.info[_TX] = self
+        set_driver_lender(self.session.sync_session, self.lend)
 
     def connection(self) -> Connection:
         """The group's connection, begun at the first statement of any of its tasks (the
@@ -110,9 +114,18 @@ class GroupMember:
         assert sync is not None
         return sync
 
+    async def lend(self) -> Any:
+        """The group's driver connection, inside the task's savepoint, for the task that asks
+        for it (`asyncpg_connection`): the group begun at its first statement, as `connection`
+        does, without the session beginning."""
+        await self.group.begin()
+        self.touched = True
+        return self.group._driver
+
     def began(self, connection: Connection) -> None:
         """The session began: its statements run inside the task's savepoint."""
         self.touched = True
+        self.opened = True
 
     async def ack(self, result: str | None = None) -> bool | None:
         """Flush what the task left pending, then ack it inside its savepoint: True; False if
@@ -146,8 +159,9 @@ class GroupMember:
         sync = self.session.sync_session
         take_over(sync)
         try:
-            if self.touched or sync.new or sync.identity_map:
+            if self.opened or sync.new or sync.identity_map:
                 await self.session.close()  # sends nothing: the transaction is the driver's
         finally:
             sync.info.pop(_TX, None)
+            set_driver_lender(sync, None)
             end(sync)

@@ -36,7 +36,7 @@ from .dialect import Dialect, raise_translated
 from .dialects import dialect_for, driver_dialect
 from .plan import Plan, Step, run, run_async
 from .rows import record
-from .session import AttemptSession, end, take_over, violation
+from .session import AttemptSession, end, set_driver_lender, take_over, violation
 from .task_connections import TaskPool
 
 
@@ -324,26 +324,51 @@ class TaskTransaction:
         task waiting for it (TaskPool.hand_off)."""
         # Bound to the pool's engine for what a task reads of it (`db.bind.dialect`); its
         # statements take the connection `connection()` lends (TaskSession.get_bind).
+        self.opened = False
+        """SQLAlchemy's session began: it has a transaction of its own to end at `close`."""
         self.session = AsyncSession(
             bind=pool.engine, sync_session_class=TaskSession, expire_on_commit=False
         )
         self.session.sync_session.info[_TX] = self
+        set_driver_lender(self.session.sync_session, self.lend)
 
-    def connection(self) -> Connection:
-        """The task's connection, taken from the pool at the first call (in the session's
-        greenlet, where the pool can be awaited)."""
+    async def lend(self) -> Any:
+        """The driver's connection in the task's transaction, for a task that asks for it
+        (`asyncpg_connection`) before its session made a statement: the connection taken and
+        the transaction begun as at the session's first statement, without the session
+        beginning; None where SQLAlchemy's BEGIN is the task's (the session begins then)."""
+        if self._driver is None:
+            sync = await self._taken()
+            self._driver = await self.dialect.begin_task_lent(sync, begun=self._begun)
+            self.touched = self._driver is not None
+        return self._driver
+
+    async def _taken(self) -> Connection:
         if self._conn is None:
-            self._conn, self._begun = await_only(self.pool.take())
+            self._conn, self._begun = await self.pool.take()
+        return self._connected()
+
+    def _connected(self) -> Connection:
+        assert self._conn is not None
         sync = self._conn.sync_connection
         assert sync is not None  # an AsyncConnection that is connected
         if self._options:
             sync.execution_options(**self._options)
         return sync
 
+    def connection(self) -> Connection:
+        """The task's connection, taken from the pool at the first call (in the session's
+        greenlet, where the pool can be awaited)."""
+        if self._conn is None:
+            self._conn, self._begun = await_only(self.pool.take())
+        return self._connected()
+
     def began(self, connection: Connection) -> None:
-        """The session began on `connection` (its first statement is next)."""
-        self.touched = True
-        self._driver = self.dialect.begin_task(connection, begun=self._begun)
+        """The session began on `connection` (its first statement is next): the task's
+        transaction begins, unless the task's `lend` began it already."""
+        self.touched = self.opened = True
+        if self._driver is None:
+            self._driver = self.dialect.begin_task(connection, begun=self._begun)
 
     async def commit(self, result: str | None = None) -> bool | None:
         """Flush what the task left pending, then ack it and commit its work with the ack
@@ -386,8 +411,9 @@ class TaskTransaction:
             if self._next_begun and self._conn is not None:
                 # Closed first (it sends nothing: SQLAlchemy's adapter holds no transaction of
                 # its own in autocommit), then the connection goes to the waiting task.
-                with contextlib.suppress(Exception):
-                    await self.session.close()
+                if self.opened:
+                    with contextlib.suppress(Exception):
+                        await self.session.close()
                 handed = self.pool.hand_off(self._conn)
             if not handed:
                 if self._driver is not None:
@@ -395,11 +421,12 @@ class TaskTransaction:
                         await self.dialect.rollback_task(self._driver)
                 # A task that made no statement holds no transaction nor connection: unless
                 # it left objects in the session, there is nothing to close.
-                if self._conn is not None or sync.new or sync.identity_map:
+                if self.opened or sync.new or sync.identity_map:
                     with contextlib.suppress(Exception):
                         await self.session.close()
         finally:
             sync.info.pop(_TX, None)
+            set_driver_lender(sync, None)
             end(sync)
             conn, self._conn = self._conn, None
             if conn is not None and not handed:
