@@ -35,6 +35,12 @@ OUTAGE_BACKOFF_FIRST = 0.25
 """Seconds before the first retry after the database became unreachable; doubles each time."""
 OUTAGE_BACKOFF_MAX = 5.0
 """The longest wait between two tries while the database is unreachable (before jitter)."""
+NOTE_TRIES = 6
+"""How many times a worker tries to write the note of a slot it did not start (an overlap, a
+missed range, a pause) before it gives up and says so (`run.note_failed`): on SQLite the write
+waits for the one write lock, and a busy database refuses it past its busy timeout."""
+NOTE_BACKOFF_FIRST = 0.1
+"""The pause after a note's first failed try, doubling after each."""
 CLOCK_CHECK_EVERY = 60.0
 """Seconds between two readings of the database's clock (slots come due by it)."""
 CLOCK_REPORT_DRIFT = timedelta(milliseconds=500)
@@ -228,13 +234,37 @@ class JobWorker:
         reason: str | None = None,
     ) -> None:
         """Record a slot not started, beside the loop (on SQLite the write may wait for the
-        running attempt's write lock); best effort."""
+        running attempt's write lock). A write the database refuses is tried again, up to
+        NOTE_TRIES times or until the worker stops; then `run.note_failed` says the slot's
+        fate went unrecorded (`oncely verify` will call it unaccounted)."""
 
         async def write() -> None:
-            with contextlib.suppress(OncelyError):
-                await self.store.control.note(
-                    job.name, key, slot, outcome, self.replica, slot_last=last, reason=reason
-                )
+            pause = NOTE_BACKOFF_FIRST
+            for tried in range(1, NOTE_TRIES + 1):
+                try:
+                    await self.store.control.note(
+                        job.name, key, slot, outcome, self.replica, slot_last=last, reason=reason
+                    )
+                    return
+                except OncelyError as exc:
+                    error = exc
+                if tried == NOTE_TRIES or self.stopping.is_set():
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), pause)
+                pause *= 2
+            events.emit(
+                "run.note_failed",
+                "a slot not started could not be recorded; verify will call it unaccounted",
+                level=logging.WARNING,
+                job=job.name,
+                key=key,
+                slot=(last or slot).isoformat(),
+                outcome=outcome,
+                tries=tried,
+                error=f"{type(error).__name__}: {error}",
+                replica=self.replica,
+            )
 
         task = asyncio.create_task(write())
         self._notes.add(task)
