@@ -267,8 +267,13 @@ class Fleet:
                 time.sleep(0.2)  # a retry's backoff while the server restarts
 
     async def db_now(self) -> datetime:
-        """The database's clock (read plainly: the app's pool may hold cut connections)."""
-        return utc(self.rows("SELECT CURRENT_TIMESTAMP")[0][0])
+        """The database's clock (read plainly: the app's pool may hold cut connections), to
+        the microsecond on Postgres and the millisecond on SQLite (whose CURRENT_TIMESTAMP
+        stops at the second: a removal read so would seem to come before claims made in the
+        same second before it)."""
+        if self.options.postgres:
+            return utc(self.rows("SELECT CURRENT_TIMESTAMP")[0][0])
+        return utc(self.rows("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")[0][0])
 
     async def note(self, kind: str, what: str, result: str) -> None:
         self.history.entries.append(Entry(await self.db_now(), kind, what, result))
@@ -357,12 +362,18 @@ class Fleet:
         self.engine.dispose()
 
     async def _watch_limits(self) -> None:
-        """Sample the database: how many `limited` tasks (concurrency 1) run at once."""
+        """Sample the database: how many `limited` tasks (concurrency 1) hold a live lease at
+        once. A limit counts live leases (docs/tasks.md): a task whose lease ran out (its
+        worker stalled) frees its place while its row still reads `running` until a worker
+        rescues it. The clock is read first, so a lease that runs out meanwhile still counts."""
         while True:
-            n = self.rows(
-                "SELECT count(*) FROM oncely_tasks WHERE task = 'limited' AND state = 'running'"
-            )[0][0]
-            self.history.limited_max = max(self.history.limited_max, int(n))
+            now = await self.db_now()
+            leases = self.rows(
+                "SELECT lease_expires_at FROM oncely_tasks"
+                " WHERE task = 'limited' AND state = 'running'"
+            )
+            n = sum(1 for (until,) in leases if until is not None and utc(until) > now)
+            self.history.limited_max = max(self.history.limited_max, n)
             await asyncio.sleep(0.1)
 
     # -- actions ---------------------------------------------------------------------------
