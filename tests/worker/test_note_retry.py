@@ -93,8 +93,10 @@ async def test_an_overlap_note_the_database_refuses_is_tried_again(
                 # and every overlap the worker reported has its note.
                 await eventually(lambda: len(named(seen, "run.overlap_skipped")) >= 2)
                 await eventually(
-                    lambda: {f["key"] for f in named(seen, "run.overlap_skipped")}
-                    <= overlap_notes(engine)
+                    lambda: (
+                        {f["key"] for f in named(seen, "run.overlap_skipped")}
+                        <= overlap_notes(engine)
+                    )
                 )
             else:
                 await eventually(lambda: bool(named(seen, "run.note_failed")))
