@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict
@@ -73,6 +73,11 @@ class SlotOutcome:
 
 
 RAN = SlotOutcome(RunStatus.RAN, Stage.COMMIT)
+
+Guard = Callable[[AsyncSession], Awaitable[bool]]
+"""A check an attempt makes in its transaction right after its claim (a data schedule's
+compare-and-set of its next slot, `schedules.advancing`): False, and the attempt is not
+started and its claim rolls back."""
 
 _NOT_CLAIMED = {
     ClaimAnswer.BUSY: RunStatus.BUSY,
@@ -487,13 +492,15 @@ async def attempt_slot(
     request: ClaimRequest,
     *,
     check_pause: bool = False,
+    guard: Guard | None = None,
 ) -> SlotOutcome:
     """Claim → call → commit for one slot, in a session of its own; what it came to.
 
     A job whose transaction is a framework's (`Job.attempt`) runs the same three steps there.
     With `check_pause`, a claimed slot whose time lies inside a pause of the job is rolled back
     before the call (the pause is read in the attempt's transaction: one statement, no
-    connection of its own).
+    connection of its own). With `guard`, a claimed slot whose guard says False is rolled back
+    before the call too, as `skipped` (something moved it on since it was chosen).
     """
     if job.attempt is not None:  # a framework's transaction (Django's)
         framework: SlotOutcome = await job.attempt(store, job, slot, request)
@@ -504,6 +511,9 @@ async def attempt_slot(
             outcome = await _claim(store, session, request)
             if outcome is None and check_pause:
                 outcome = await _paused(store, session, job, slot)
+            if outcome is None and guard is not None and not await guard(session):
+                await store.claims.abandon(session)  # the claim rolls back: nothing ran
+                outcome = SlotOutcome(RunStatus.SKIPPED, Stage.CLAIM)
             if outcome is None:
                 await record.claimed(job)
                 outcome = await _call(store, job, session, slot, Watch(store, job, record))
@@ -659,13 +669,15 @@ async def run_slot(
     busy_ms: int = 200,
     context: Mapping[str, Any] | None = None,
     check_pause: bool = False,
+    guard: Guard | None = None,
 ) -> RunResult:
     """Run one slot of a job once, if nobody has; never raises for the job's own errors.
 
     `context` adds fields to every event of this attempt (the worker adds `latency_ms`).
     With `check_pause`, a slot whose time lies inside a pause of the job is not started
     (`paused`): the worker's scheduler decided it from the pauses it read, and this check, in
-    the attempt's transaction, catches a pause committed since.
+    the attempt's transaction, catches a pause committed since. With `guard`, see
+    `attempt_slot`.
     """
     started = time.perf_counter()
     fields: dict[str, Any] = {
@@ -687,7 +699,9 @@ async def run_slot(
         check_pause=check_pause,
     )
     with tracing.slot_attempt(job.name, key, slot, replica) as span:
-        outcome = await attempt_slot(store, job, slot, request, check_pause=check_pause)
+        outcome = await attempt_slot(
+            store, job, slot, request, check_pause=check_pause, guard=guard
+        )
         duration = time.perf_counter() - started
         report("run", outcome, duration, fields)  # its span event, if any, on this span
         failed = (outcome.error or outcome.status.value) if outcome.status in _ERRORS else None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import dataclasses
 import inspect
 import json
 import math
@@ -31,7 +30,7 @@ from .errors import ConfigError, OncelyError, ScheduleError, UnknownJobError
 from .identity import default_actor, replica_id
 from .model import Claim, RunResult, ScheduleRecord, duration_text
 from .registry import CATCH_UP_CHOICES, OVERLAP_CHOICES, Job, Registry
-from .runner import run_slot
+from .runner import Guard, run_slot
 from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words
 from .store import LEDGER_PREFIX, Action, Store
 from .store import advance_schedule as advance_statement
@@ -182,29 +181,21 @@ def _unrunnable(
     )
 
 
-def advancing(job: Job, name: str, expected: datetime | None, following: datetime | None) -> Job:
-    """`job` whose attempt first moves schedule `name`'s next slot from `expected` (the
-    value read) to `following`, in the attempt's own transaction: a slot that commits takes the
-    schedule off the due list with it, so other replicas do not try it again. A failed
-    attempt rolls that back; the worker then moves it on itself (`ScheduleStore.advance`).
-    A framework's attempt (Django's) is left as it is."""
-    if job.attempt is not None or expected is None:
-        return job
+def advancing(name: str, expected: datetime, following: datetime | None) -> Guard:
+    """The check a slot's attempt makes in its own transaction, right after its claim: move
+    schedule `name`'s next slot from `expected` (the value read) to `following`, a
+    compare-and-set. A slot that commits takes the schedule off the due list with it, so other
+    replicas do not try it again; a failed attempt rolls that back, and the worker then moves it
+    on itself (`ScheduleStore.advance`). If no row matched, a change (an update, a removal,
+    another replica's slot) moved the schedule since it was read:
+    the attempt is not started and its claim rolls back (`runner.attempt_slot`), so a removed
+    schedule runs no slot after its removal committed."""
     statement = advance_statement(name, expected, following)
-    func = job.func
-    if job.is_async:
 
-        async def moved(db: Any, now: datetime) -> None:
-            await db.execute(statement)
-            await func(db, now)  # type: ignore[misc]
+    async def moved(db: Any) -> bool:
+        return bool((await db.execute(statement)).rowcount)
 
-        return dataclasses.replace(job, func=moved)
-
-    def moved_sync(db: Any, now: datetime) -> None:
-        db.execute(statement)
-        func(db, now)
-
-    return dataclasses.replace(job, func=moved_sync)
+    return moved
 
 
 def _calling(target: Job, args: dict[str, Any]) -> Any:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from tests.schedules.conftest import APP, fresh_app, migrate, rows, until
 from tests.support import engine_for, start_cli, stop, wait_until
@@ -149,3 +150,46 @@ def _db_now(db_url: str) -> datetime:
     if db_url.startswith("postgres"):
         return _aware(rows(db_url, "SELECT clock_timestamp()")[0][0])
     return datetime.now(timezone.utc)
+
+
+@pytest.mark.parametrize("change", ["remove", "update"])
+async def test_a_schedule_changed_between_the_workers_read_and_its_claim_runs_no_stale_slot(
+    app: Oncely, db_url: str, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The window the fleet found: a worker reads a due row, an operator removes the schedule
+    (or changes its interval) before the worker's claim; the attempt's compare-and-set of the
+    next slot, in its own transaction, finds the row gone or moved and starts nothing."""
+    added = await app.schedules.add("acme", every="1s", task="digest", args={"tenant": "acme"})
+    assert added.next_slot is not None
+    stale = added.next_slot.strftime("%Y-%m-%dT%H:%M:%SZ")
+    real = app.store.schedules.still_due
+    changed: list[str] = []
+
+    async def then_changed(name: str, expected: datetime) -> bool:
+        answer = await real(name, expected)
+        if not changed:  # once, right after the worker's read and before its attempt
+            if change == "remove":
+                await app.schedules.remove(name)
+            else:
+                await app.schedules.update(name, every="1h")
+            changed.append(name)
+        return answer
+
+    monkeypatch.setattr(app.store.schedules, "still_due", then_changed)
+    ended: list[tuple[str, Mapping[str, Any]]] = []
+
+    def observe(event: str, fields: Mapping[str, Any]) -> None:
+        if event.startswith("run.") and fields.get("job") == "schedule:acme":
+            ended.append((event, fields))
+
+    events.subscribe(observe)
+    try:
+        async with app.worker(schedule_poll=0.2, concurrency=2):
+            await until(lambda: bool(ended), "the stale slot's attempt")
+    finally:
+        events.unsubscribe(observe)
+    assert changed == ["acme"]
+    assert (ended[0][0], ended[0][1]["key"]) == ("run.skipped", stale)
+    assert stale not in claims(db_url, "schedule:acme")
+    tasks = rows(db_url, "SELECT idempotency_key FROM oncely_tasks")
+    assert f"schedule:acme:{stale}" not in {k for (k,) in tasks}

@@ -4,10 +4,11 @@ Every `schedule_poll` seconds (default 1) a worker reads the active schedules wh
 slot is due, from the partial index on `next_slot` (a range of it, never the whole table),
 and runs each one's slots through the runner, as a code job's: the claim in oncely_runs
 under `schedule:<name>` decides who runs a slot, so every replica may look at the same row.
-A slot's attempt moves the row's `next_slot` on in its own transaction (see
-`schedules.advancing`), so a committed slot leaves the due list with its claim; an attempt
-that did not commit (failed, given up, paused, a duplicate) is moved on after it, by a
-compare-and-set on the value read, so a change made meanwhile wins. A slot found busy (a
+A slot's attempt moves the row's `next_slot` on in its own transaction, right after its claim
+(see `schedules.advancing`), so a committed slot leaves the due list with its claim, and an
+attempt that finds the row moved or gone since it was read (changed, removed) does not start;
+an attempt that did not commit (failed, given up, paused, a duplicate) is moved on after it,
+by a compare-and-set on the value read, so a change made meanwhile wins. A slot found busy (a
 replica runs it right now) or waiting for its retry is left due: it is looked at again.
 
 On Postgres the due rows are read with FOR UPDATE SKIP LOCKED and leased to the reader for
@@ -286,12 +287,13 @@ class ScheduleWorker:
                 with events.routine():
                     result = await run_slot(
                         self.store,
-                        advancing(job, name, expected, following),
+                        job,
                         slot,
                         job.key_for(slot),
                         self.replica,
                         context={"latency_ms": latency_ms},
                         check_pause=True,
+                        guard=None if expected is None else advancing(name, expected, following),
                     )
             except OncelyError as exc:
                 self._outage(exc)
