@@ -313,6 +313,13 @@ class Fleet:
             await self._quiesce()
             await self.drain()
             await asyncio.sleep(3.0)  # the slots due now are taken, then we stop
+            # A data schedule still active claims a slot every second or two, each with its task
+            # in the claim's transaction: pause them all, so that no slot is claimed past here,
+            # and let the tasks of the slots claimed meanwhile run before the workers stop.
+            for record in await self.app.schedules.list():
+                if record.state != "paused":
+                    await self.app.schedules.pause(record.name, reason="the end", by="fleet")
+            await self.drain()
             self.history.stopped = await self.db_now()
             monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
