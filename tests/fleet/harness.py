@@ -191,6 +191,11 @@ class Worker:
         return f"fleet-w{self.index}-g{self.gen}-v{self.version}"
 
     def start(self) -> None:
+        """Start the next incarnation, unless one runs already: a restart scheduled after a
+        SIGKILL (`_do_kill`) may come after another action restarted the worker (a deploy), and
+        a second process would run untracked, past the run's end."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
         self.gen += 1
         log = (self.fleet.options.run_dir / f"{self.replica}.log").open("w")
         env = {
