@@ -5,6 +5,7 @@ its claim; elsewhere than Postgres on asyncpg it is refused by name."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from datetime import datetime, timezone
 from typing import Any
@@ -103,6 +104,25 @@ async def test_a_grouped_task_on_the_driver_alone_never_begins_its_session(pg_ap
     # A session kept past its task lends nothing: the group's connection has moved on.
     with pytest.raises(JobTransactionError, match="belonged to an attempt that has ended"):
         await asyncpg_connection(kept[0])
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("group", [1, 5])
+async def test_a_task_asking_twice_at_once_gets_one_connection_in_its_transaction(
+    pg_app: Oncely, group: int
+) -> None:
+    @pg_app.task
+    async def write(db: Any, n: int) -> None:
+        first, second = await asyncio.gather(asyncpg_connection(db), asyncpg_connection(db))
+        assert first is second
+        await first.execute(INSERT, n)
+
+    await in_tx(pg_app, lambda db: write.enqueue_many(db, [{"n": n} for n in range(20)]))
+    await drain(pg_app, lambda: all_ended(pg_app), concurrency=2, group=group)
+
+    assert await effects(pg_app) == list(range(20))
+    found = await rows(pg_app)
+    assert all(r.state == "succeeded" and r.effects_in == [r.acked_in] for r in found.values())
 
 
 @pytest.mark.postgres

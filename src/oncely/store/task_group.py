@@ -15,6 +15,7 @@ tasks make none takes no connection and sends nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -38,15 +39,21 @@ class TaskGroup:
         self._conn: AsyncConnection | None = None
         self._driver: Any = None
         self._next_begun = False
+        self._beginning: asyncio.Lock | None = None
 
     async def begin(self) -> AsyncConnection:
         """The group's connection: at the first call, take one of the pool (waiting in line
-        for it), begin the group's transaction on it and take the first savepoint."""
+        for it), begin the group's transaction on it and take the first savepoint. Calls made
+        at once (a task asking twice concurrently) share the one connection."""
         if self._conn is None:
-            conn, begun = await self.pool.take()
-            self._conn = conn
-            with self.tasks.db.translate():
-                self._driver = await self.dialect.begin_group(conn, begun=begun)
+            if self._beginning is None:
+                self._beginning = asyncio.Lock()
+            async with self._beginning:
+                if self._conn is None:
+                    conn, begun = await self.pool.take()
+                    self._conn = conn
+                    with self.tasks.db.translate():
+                        self._driver = await self.dialect.begin_group(conn, begun=begun)
         return self._conn
 
     def member(self, item: Leased) -> GroupMember:

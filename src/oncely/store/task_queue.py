@@ -10,6 +10,7 @@ takes none, and its ack (or a failed task's retry or end, after its work rolled 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -322,6 +323,7 @@ class TaskTransaction:
         self._next_begun = False
         """This task's COMMIT began the next task's transaction: its connection goes to the
         task waiting for it (TaskPool.hand_off)."""
+        self._lending: asyncio.Lock | None = None
         # Bound to the pool's engine for what a task reads of it (`db.bind.dialect`); its
         # statements take the connection `connection()` lends (TaskSession.get_bind).
         self.opened = False
@@ -336,11 +338,16 @@ class TaskTransaction:
         """The driver's connection in the task's transaction, for a task that asks for it
         (`asyncpg_connection`) before its session made a statement: the connection taken and
         the transaction begun as at the session's first statement, without the session
-        beginning; None where SQLAlchemy's BEGIN is the task's (the session begins then)."""
+        beginning; None where SQLAlchemy's BEGIN is the task's (the session begins then).
+        Calls made at once (a task asking twice concurrently) share the one connection."""
         if self._driver is None:
-            sync = await self._taken()
-            self._driver = await self.dialect.begin_task_lent(sync, begun=self._begun)
-            self.touched = self._driver is not None
+            if self._lending is None:
+                self._lending = asyncio.Lock()
+            async with self._lending:
+                if self._driver is None:
+                    sync = await self._taken()
+                    self._driver = await self.dialect.begin_task_lent(sync, begun=self._begun)
+                    self.touched = self._driver is not None
         return self._driver
 
     async def _taken(self) -> Connection:
