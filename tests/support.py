@@ -170,6 +170,34 @@ def engine_for(db_url: str) -> sa.Engine:
     return sa.create_engine(parsed.set(drivername="sqlite"))
 
 
+def drop_databases(admin_url: str, prefix: str) -> list[str]:
+    """Drop every database named `prefix*` on the server of `admin_url` (what a benchmark's
+    run made); the names found."""
+    admin = engine_for(admin_url).execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            names = conn.exec_driver_sql(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{prefix}%",)
+            )
+            found = [row[0] for row in names]
+            for name in found:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+    return found
+
+
+def run_bench(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python bench/SCRIPT ARGS…` from the project's root, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 TABLES = (
     "oncely_runs",
     "oncely_tasks",

@@ -4,41 +4,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-import sqlalchemy as sa
-from tests.conftest import PG_ADMIN_URL, _sync_url
-from tests.support import ROOT
+from tests.conftest import PG_ADMIN_URL
+from tests.support import drop_databases, run_bench
 
 QUICK_TASKS = 200
 QUICK_POOL = 4
-
-
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "in_flight.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def _databases(prefix: str) -> list[str]:
-    admin = sa.create_engine(_sync_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            names = conn.exec_driver_sql(
-                "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{prefix}%",)
-            )
-            found = [row[0] for row in names]
-            for name in found:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
-    return found
 
 
 @pytest.mark.postgres
@@ -46,12 +18,13 @@ def _databases(prefix: str) -> list[str]:
 def test_in_flight_bench_counts(postgres_database: str) -> None:
     prefix = f"oncely_bench_inflight_{os.getpid()}"
     try:
-        done = _bench(
+        done = run_bench(
+            "in_flight.py",
             "--quick", "--systems", "oncely", "--idle", "1", "--database-url", PG_ADMIN_URL,
             "--database-prefix", prefix,
         )  # fmt: skip
     finally:
-        left = _databases(prefix)
+        left = drop_databases(PG_ADMIN_URL, prefix)
     assert done.returncode == 0, done.stderr[-3000:]
     assert left == [], left  # the bench drops the databases it created
     rows = {
@@ -97,7 +70,7 @@ def test_in_flight_bench_counts(postgres_database: str) -> None:
     ],
 )
 def test_in_flight_bench_rejects_bad_flags(args: list[str], message: str) -> None:
-    done = _bench(*args)
+    done = run_bench("in_flight.py", *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr

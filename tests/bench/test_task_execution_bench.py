@@ -4,12 +4,10 @@ SQLite (never a timing assertion)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from tests.conftest import PG_ADMIN_URL
-from tests.support import ROOT
+from tests.support import run_bench
 
 SMALLEST = [
     "--tasks", "60", "--io-tasks", "60", "--io-lane-tasks", "20", "--io-concurrency", "30",
@@ -17,16 +15,6 @@ SMALLEST = [
     "--writers", "50", "--fail-at", "25", "--sqlite-wait", "0.2", "--sqlite-repeats", "1",
     "--no-pgqueuer",
 ]  # fmt: skip
-
-
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "task_execution.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
@@ -42,7 +30,9 @@ def _rows(stdout: str) -> dict[tuple[str, str], list[str]]:
 @pytest.mark.postgres
 def test_task_execution_bench_counts(postgres_database: str) -> None:
     prefix = f"oncely_bench_exec_{os.getpid()}"
-    done = _bench(*SMALLEST, "--database-url", PG_ADMIN_URL, "--database-prefix", prefix)
+    done = run_bench(
+        "task_execution.py", *SMALLEST, "--database-url", PG_ADMIN_URL, "--database-prefix", prefix
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = _rows(done.stdout)
     # Every drain ran each task once and landed each one-row task's insert with its ack.
@@ -69,6 +59,6 @@ def test_task_execution_bench_counts(postgres_database: str) -> None:
 
 
 def test_task_execution_bench_rejects_bad_flags() -> None:
-    done = _bench("--fail-at", "60", "--writers", "50")
+    done = run_bench("task_execution.py", "--fail-at", "60", "--writers", "50")
     assert done.returncode == 2
     assert "--fail-at" in done.stderr

@@ -5,13 +5,10 @@ test suite's)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-import sqlalchemy as sa
-from tests.conftest import PG_ADMIN_URL, _sync_url
-from tests.support import ROOT
+from tests.conftest import PG_ADMIN_URL
+from tests.support import drop_databases, run_bench
 
 SHAPES = [
     "asyncpg, alone",
@@ -25,44 +22,19 @@ SHAPES = [
 ]
 
 
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "wire.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def _drop(prefix: str) -> list[str]:
-    """Drop the databases named `prefix*`; the names found."""
-    admin = sa.create_engine(_sync_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            names = conn.exec_driver_sql(
-                "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{prefix}%",)
-            )
-            found = [row[0] for row in names]
-            for name in found:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.dispose()
-    return found
-
-
 @pytest.mark.postgres
 @pytest.mark.timeout(400)
 def test_wire_bench_drains_every_shape_once(postgres_database: str) -> None:
     prefix = f"oncely_bench_wire_{os.getpid()}"
     try:
-        done = _bench(
+        done = run_bench(
+            "wire.py",
             "--systems", "shapes,oncely", "--tasks", "120", "--lanes", "3", "--group", "5",
             "--batch", "7", "--rounds", "1", "--database-url", PG_ADMIN_URL,
             "--database-prefix", prefix,
         )  # fmt: skip
     finally:
-        left = _drop(prefix)
+        left = drop_databases(PG_ADMIN_URL, prefix)
     assert done.returncode == 0, done.stderr[-3000:]
     assert left == [], left  # the bench drops the databases it made
     rows = {
@@ -81,7 +53,7 @@ def test_wire_bench_drains_every_shape_once(postgres_database: str) -> None:
 
 
 def test_wire_bench_refuses_a_bad_option() -> None:
-    done = _bench("--lanes", "ten")
+    done = run_bench("wire.py", "--lanes", "ten")
     assert done.returncode == 2
     assert "--lanes: not a list of numbers: 'ten'" in done.stderr
     assert "Traceback" not in done.stderr
