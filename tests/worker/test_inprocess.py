@@ -1,5 +1,6 @@
 """`app.worker()` and `app.work()` inside an application's own event loop, with the events
-a metrics module sees."""
+a metrics module sees; and the note of a slot not started, tried again when the database
+refuses it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from tests.conftest import _reset_postgres, _sync_url
 
 from oncely import Oncely, events, every
 from oncely.clock import utcnow
@@ -184,3 +187,82 @@ async def test_a_driver_error_before_the_job_ran_leaves_the_slot_to_a_retry(
 
 def ran_keys(seen: Seen, job: str) -> list[str]:
     return [f["key"] for f in named(seen, "run.ran", job)]
+
+
+# -- a slot's note the database refuses ------------------------------------------------------
+
+REFUSE = [
+    "CREATE SEQUENCE note_refusals",
+    """
+    CREATE FUNCTION refuse_note() RETURNS trigger AS $$
+    BEGIN
+        -- a sequence counts the tries: its value survives the refused insert's rollback
+        IF nextval('note_refusals') <= {refusals:d} THEN
+            RAISE EXCEPTION 'note refused by the test';
+        END IF;
+        RETURN NEW;
+    END;
+    $$ LANGUAGE plpgsql
+    """,
+    "CREATE TRIGGER refuse_note BEFORE INSERT ON oncely_attempts FOR EACH ROW"
+    " WHEN (NEW.outcome = 'overlap') EXECUTE FUNCTION refuse_note()",
+]
+
+
+def overlap_notes(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT key FROM oncely_attempts WHERE job = 'slow' AND outcome = 'overlap'"
+        )
+        return {key for (key,) in rows}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("refusals", [2, 1_000_000])
+async def test_an_overlap_note_the_database_refuses_is_tried_again(
+    postgres_database: str, seen: Seen, refusals: int
+) -> None:
+    """The note of a slot the worker did not start (an overlap) is written even when the
+    database refuses its first tries: the worker tries again, backing off; past its tries it
+    says so (`run.note_failed`). The refusals are the database's own: a trigger raises for the
+    first N inserts of an overlap note."""
+    _reset_postgres(postgres_database)
+    app = Oncely(postgres_database)
+
+    @app.job(every(seconds=1))
+    async def slow(db, now):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(1.6)  # still running when the next slot comes due: an overlap
+
+    await app.migrate()
+    engine = sa.create_engine(_sync_url(postgres_database))
+    try:
+        with engine.begin() as conn:
+            for statement in REFUSE:
+                conn.exec_driver_sql(statement.format(refusals=refusals))
+        async with app.worker():
+            if refusals == 2:
+                # The first two tries of the first note were refused: it lands on the third,
+                # and every overlap the worker reported has its note.
+                await eventually(lambda: len(named(seen, "run.overlap_skipped", "slow")) >= 2)
+                await eventually(
+                    lambda: (
+                        {f["key"] for f in named(seen, "run.overlap_skipped", "slow")}
+                        <= overlap_notes(engine)
+                    )
+                )
+            else:
+                await eventually(lambda: bool(named(seen, "run.note_failed", "slow")))
+        await app.aclose()
+        skipped = {f["key"] for f in named(seen, "run.overlap_skipped", "slow")}
+        failed = named(seen, "run.note_failed", "slow")
+        if refusals == 2:
+            assert failed == []
+            assert skipped and skipped <= overlap_notes(engine)
+        else:
+            assert overlap_notes(engine) == set()
+            first = failed[0]
+            assert first["key"] in skipped
+            assert (first["outcome"], first["tries"]) == ("overlap", 6)
+            assert "note refused by the test" in first["error"]
+    finally:
+        engine.dispose()
