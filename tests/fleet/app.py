@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from oncely import Oncely, every
+from oncely import Oncely, asyncpg_connection, every
 from oncely.identity import replica_id
 
 VERSION = int(os.environ.get("ONCELY_FLEET_VERSION", "1"))
@@ -110,6 +110,18 @@ async def scheduled(db, name: str):  # type: ignore[no-untyped-def]
 
 @app.task(queue=GROUPED_QUEUE)
 async def grouped_work(db, n: int):  # type: ignore[no-untyped-def]
+    """Half of them (odd `n`, on Postgres) write their effect on the driver's connection the
+    task's session lends (`asyncpg_connection`: its transaction or savepoint begun on the
+    driver), the others through the session."""
+    if n % 2 and db.bind.dialect.name == "postgresql":
+        conn = await asyncpg_connection(db)
+        await conn.execute(
+            "INSERT INTO fleet_task_effects (task, key, replica) VALUES ($1, $2, $3)",
+            "grouped_work",
+            f"grouped_work:{n}",
+            replica_id(),
+        )
+        return
     await _task_effect(db, "grouped_work", f"grouped_work:{n}", None)
 
 
