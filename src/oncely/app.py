@@ -10,7 +10,7 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -47,7 +47,7 @@ from .model import (
 from .registry import Job, JobFunc, KeyFunc, Registry
 from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
-from .schedule import Schedule
+from .schedule import Schedule, default_key
 from .schedules import Schedules, job_for, schedule_name
 from .store import ERRORS_SHOWN, Action, Store
 from .tasks import DEFAULT_MAX_RESULT, Task, TaskFunc, TaskRegistry
@@ -280,7 +280,9 @@ class Oncely:
         self, job: str, now: datetime | None = None, *, allow_future: bool = False
     ) -> RunResult:
         """Run the slot due at `now` (default: the database's clock) once if nobody has; a job's
-        error comes back as `failed`.
+        error comes back as `failed`. This is the caller's retry: a slot waiting for its retry
+        policy runs at once (its budget counts this attempt too); a slot whose budget is spent
+        comes back `given_up` with `attempts` (`result.done` is False).
 
         A `now` naming a slot later than the database's clock (beyond `clock.FUTURE_SKEW`) is
         refused (BadInputError, nothing run): run early, its claim would make the real slot
@@ -296,7 +298,13 @@ class Oncely:
         with contextlib.suppress(OncelyError):  # best effort: verify dates by claims too
             await self.store.control.seen_jobs([self._definition(job).name])
         return await run_slot(
-            self.store, self._definition(job), slot.at, slot.key, replica_id(), check_pause=True
+            self.store,
+            self._definition(job),
+            slot.at,
+            slot.key,
+            replica_id(),
+            check_pause=True,
+            retry_now=True,  # the caller's retry: a slot waiting for its retry runs now
         )
 
     async def run(
@@ -305,9 +313,11 @@ class Oncely:
         """Run the slot due at `now` once if nobody has; re-raise the job's error after rollback.
 
         Returns `ran`, `skipped` (claimed before: the job was not called), `busy` (someone
-        is running it right now: returned at once, without waiting) or `paused` (the job is
-        paused: not started). A timeout or a cancel raises JobTimeoutError or
-        JobCancelledError after the rollback.
+        is running it right now: returned at once, without waiting), `paused` (the job is
+        paused: not started) or `given_up` (its retry budget was spent, or an operator
+        skipped it: `attempts`, `skipped_by`; `result.done` says whether its work is
+        accounted for). A timeout or a cancel raises JobTimeoutError or JobCancelledError
+        after the rollback.
         """
         result = await self.attempt(job, now, allow_future=allow_future)
         if result.status in _RAISED and result.error is not None:
@@ -494,6 +504,25 @@ class Oncely:
                 claimed_by=claim.claimed_by if claim is not None else None,
             )
         return claim, given_up
+
+    async def skip_slot(self, job: str, key: str, *, reason: str, actor: str | None = None) -> None:
+        """Settle a slot that did not run (given up, died, never run) as skipped on purpose,
+        with a reason and an audit row: no replica starts it, `verify` accounts for it, and
+        `release_slot` undoes it. Refused (BadInputError) if it ran or runs right now."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise BadInputError("a skip needs a reason (--reason): it is what verify reports")
+        job = await self.resolve(job)
+        action = self._action("skip", job, f"{job} {key}", actor, reason)
+        await self.store.control.skip(action, job, key, _slot_of_default_key(key))
+        events.emit(
+            "run.skipped_on_purpose",
+            "slot settled as skipped on purpose by an operator; it will not run",
+            level=logging.WARNING,
+            job=job,
+            key=key,
+            actor=action.actor,
+            reason=reason,
+        )
 
     # -- the task queue's operations ----------------------------------------------------
 
@@ -1084,6 +1113,15 @@ def _age(delta: timedelta) -> str:
 
 
 _RAISED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED)
+
+
+def _slot_of_default_key(key: str) -> datetime | None:
+    """The slot a default key names (its UTC instant), for a slot with no records yet."""
+    try:
+        slot = datetime.strptime(key, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return slot if default_key(slot) == key else None
 
 
 MAX_ACTOR = 255

@@ -2,17 +2,22 @@
 every finding against the fate model, from what the database recorded. Pure: the app reads
 the records and hands them here (`oncely verify`, the dashboard's job page).
 
-A slot's fate, first match wins: ran (a claim) · not_due (later than the database's now) ·
-before_job (before the job's first appearance) · running (an attempt holds it) · given_up
-(its attempt failed, timed out or was cancelled, and is final) · released (an operator freed
-it) · paused (inside a pause) · overlap · missed (a recorded catch-up/grace note covers it) ·
-due (came due within `leeway` seconds: a worker is about to take it).
+A slot's fate, first match wins: ran (a claim; "again after a release" when an operator
+released an earlier run) · not_due (later than the database's now) · before_job (before the
+job's first appearance, and never attempted nor released) · running (an attempt holds it) ·
+skipped (an operator settled it as skipped on purpose, with a reason) · given_up (its retry
+budget is spent, it ran past its grace or was cancelled: a finding until an operator
+releases or skips it) · retry_wait (its retry policy runs it at `at`) · released (an
+operator freed it) · paused (inside a pause) · overlap · missed (a recorded catch-up/grace
+note covers it) · due (came due within `leeway` seconds: a worker is about to take it).
 
 A finding is anything the model does not allow: a due slot with no fate (`unaccounted`, or
-`died` when its only attempt's process died and nobody ran it again), a claim made under a
-key the job's key function no longer gives its slot (`key_changed`), two claims of one slot
-(`doubled`), a slot run again after it was given up and not released (`rerun`), a slot
-claimed before it was due (`early`), and tasks that no live worker can run (`unrunnable`).
+`died` when its only attempt's process died and nobody ran it again), a slot given up and
+not settled (`given_up`), a claim made under a key the job's key function no longer gives
+its slot (`key_changed`), two claims of one slot (`doubled`), a slot run again after it was
+given up and not released (`rerun`), a slot claimed before it was due (`early`), tasks that
+no live worker can run (`unrunnable`), and tasks or slots due with no live worker at all
+(`no_worker`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .model import Attempt, Claim, Pause
+from .model import OPERATOR_SKIP, Attempt, Claim, Pause, Release
 
 EARLY = timedelta(seconds=1)
 """A claim this much before its slot's time is `early`. A worker fires by its own clock
@@ -39,7 +44,7 @@ ACCOUNTED = (
     "not_due",
     "before_job",
     "running",
-    "given_up",
+    "skipped",
     "retry_wait",
     "released",
     "paused",
@@ -47,7 +52,8 @@ ACCOUNTED = (
     "missed",
     "due",
 )
-"""The fates a slot may have; any other answer is a finding."""
+"""The fates a slot may have; any other answer (`given_up`, `died`, `unaccounted`) is a
+finding."""
 
 
 def gives_up(record: Attempt) -> bool:
@@ -69,7 +75,7 @@ class SlotFate:
     slot: datetime
     key: str
     fate: str
-    """One of ACCOUNTED, or `unaccounted` / `died` (with a finding)."""
+    """One of ACCOUNTED, or `given_up` / `unaccounted` / `died` (with a finding)."""
     by: str | None = None
     at: datetime | None = None
     detail: str | None = None
@@ -99,8 +105,8 @@ class JobLedger:
     claims: Sequence[Claim]
     records: Sequence[Attempt]
     pauses: Sequence[Pause]
-    releases: Sequence[tuple[datetime, str]] = ()
-    """(when, key) of each release an operator made."""
+    releases: Sequence[Release] = ()
+    """Each release an operator made, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ class JobVerdict:
 
     def summary(self) -> str:
         """One line: slots, fates, findings."""
-        order = {fate: i for i, fate in enumerate(ACCOUNTED)}
+        order = {fate: i for i, fate in enumerate((*ACCOUNTED, "given_up"))}
         counted = sorted(self.counts().items(), key=lambda item: order.get(item[0], len(order)))
         fates = ", ".join(f"{n} {fate}" for fate, n in counted)
         n = len(self.findings)
@@ -198,7 +204,7 @@ class _Index:
     claims_by_key: dict[str, Claim]
     records_by_key: dict[str, list[Attempt]]
     missed: list[Attempt]
-    releases: dict[str, list[datetime]]
+    releases: dict[str, list[Release]]
 
     @classmethod
     def of(cls, ledger: JobLedger) -> _Index:
@@ -210,9 +216,9 @@ class _Index:
         for r in ledger.records:
             if r.key is not None:
                 records.setdefault(r.key, []).append(r)
-        releases: dict[str, list[datetime]] = {}
-        for at, key in ledger.releases:
-            releases.setdefault(key, []).append(at)
+        releases: dict[str, list[Release]] = {}
+        for release in ledger.releases:
+            releases.setdefault(release.key, []).append(release)
         return cls(
             claims_by_slot=by_slot,
             claims_by_key={c.key: c for c in ledger.claims},
@@ -244,9 +250,17 @@ def _slot(
         return _ran(ledger, index, slot, key, claims, records)
     if slot > now:
         return SlotFate(slot, key, "not_due"), []
-    if ledger.first_seen is None or slot < ledger.first_seen:
+    before = ledger.first_seen is None or slot < ledger.first_seen
+    if before and not records and key not in index.releases:  # never tried, never freed
         return SlotFate(slot, key, "before_job", at=ledger.first_seen), []
     fate = _not_run(ledger, index, slot, key, records, now)
+    if fate is not None and fate.fate == "given_up":
+        message = (
+            f"{ledger.job} slot {_at(slot)} did not run: {fate.detail}; `oncely release "
+            f"{ledger.job} {key}` runs it again, `oncely skip {ledger.job} {key} --reason "
+            "TEXT` settles it as skipped on purpose"
+        )
+        return fate, [Finding("given_up", ledger.job, message, slot, key)]
     if fate is not None:
         return fate, []
     if now - slot <= leeway:
@@ -304,7 +318,8 @@ def _ran(
                     c.key,
                 )
             )
-    given = _given_up(records, index.releases.get(key, []), before=first.claimed_at)
+    releases = index.releases.get(key, [])
+    given = _given_up(records, releases, before=first.claimed_at)
     if given is not None:
         findings.append(
             Finding(
@@ -316,11 +331,20 @@ def _ran(
                 key,
             )
         )
-    return SlotFate(slot, key, "ran", by=first.claimed_by, at=first.claimed_at), findings
+    earlier = [r for r in releases if r.at <= first.claimed_at]
+    detail = f"again after {_released(earlier[-1])}" if earlier else None
+    fate = SlotFate(slot, key, "ran", by=first.claimed_by, at=first.claimed_at, detail=detail)
+    return fate, findings
+
+
+def _released(release: Release) -> str:
+    """'released (ran at T by R) by X at T2 (reason)': what an operator's release freed."""
+    why = f" ({release.reason})" if release.reason else ""
+    return f"{release.result} by {release.actor} at {_at(release.at)}{why}"
 
 
 def _given_up(
-    records: Sequence[Attempt], releases: Sequence[datetime], before: datetime | None = None
+    records: Sequence[Attempt], releases: Sequence[Release], before: datetime | None = None
 ) -> Attempt | None:
     """The newest final end record of the slot not released since (ended before `before`)."""
     for r in reversed(records):
@@ -328,10 +352,17 @@ def _given_up(
             continue
         if before is not None and r.finished_at > before:
             continue
-        if any(at >= r.finished_at for at in releases):
+        # A release clears the marks it frees, so a final mark still there came after it;
+        # a release is only read as later when its time (to the second on SQLite) is.
+        if any(rel.at > r.finished_at for rel in releases):
             return None
         return r
     return None
+
+
+def budget_spent(records: Sequence[Attempt]) -> int:
+    """How many failed attempts a slot's retry budget counts now (a release clears them)."""
+    return sum(1 for r in records if (r.final or r.retry_at) and r.outcome != OPERATOR_SKIP)
 
 
 def _not_run(
@@ -348,18 +379,29 @@ def _not_run(
         return SlotFate(slot, key, "running", by=running[-1].replica, at=running[-1].started_at)
     releases = index.releases.get(key, [])
     given = _given_up(records, releases)
+    if given is not None and given.outcome == OPERATOR_SKIP:
+        by, at = given.replica, given.finished_at
+        return SlotFate(slot, key, "skipped", by=by, at=at, detail=given.error or "on purpose")
     if given is not None:
-        detail = given.outcome if not given.error else f"{given.outcome}: {given.error}"
+        n = budget_spent(records)
+        tried = f"after {n} attempt{'s' if n != 1 else ''}" if n else "after its attempt"
+        why = given.outcome if not given.error else f"{given.outcome}: {given.error}"
+        detail = f"given up {tried} ({why})"
         return SlotFate(
             slot, key, "given_up", by=given.replica, at=given.finished_at, detail=detail
         )
     waiting = [r for r in records if waits_for_retry(r, now)]
     if waiting:
         w = waiting[-1]
-        return SlotFate(slot, key, "retry_wait", by=w.replica, at=w.retry_at, detail=w.error)
+        n = budget_spent(records)
+        detail = f"attempt {n} failed ({w.error}); its retry policy runs it again"
+        return SlotFate(slot, key, "retry_wait", by=w.replica, at=w.retry_at, detail=detail)
     released = [r for r in records if r.outcome == "ran"]
     if released or releases:
-        at = releases[-1] if releases else released[-1].finished_at
+        if releases:
+            rel = releases[-1]
+            return SlotFate(slot, key, "released", by=rel.actor, at=rel.at, detail=_released(rel))
+        at = released[-1].finished_at
         return SlotFate(slot, key, "released", at=at, detail="freed by an operator")
     return _skipped(ledger, index, slot, key, records)
 

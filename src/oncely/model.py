@@ -20,8 +20,9 @@ class RunStatus(str, enum.Enum):
     OVERLAP = "overlap"
     """`overlap="skip"`: another slot of this job is running right now; not started."""
     FAILED = "failed"
-    """The job raised: its work rolled back; the slot is given up (recorded as final) unless
-    the job's `retry=` policy retries it (`retry_at`). A commit that failed frees the slot."""
+    """The job raised: its work rolled back; the job's retry policy (its `retry=`, or
+    5 attempts from 3 s) retries the slot (`retry_at`) or, its budget spent, gives it up
+    (recorded as final). A commit that failed frees the slot."""
     UNKNOWN = "unknown"
     """The connection was lost during COMMIT and the claim could not be read back: the
     work may or may not have committed (`oncely history JOB` tells; a retry is safe)."""
@@ -33,8 +34,9 @@ class RunStatus(str, enum.Enum):
     PAUSED = "paused"
     """The job is paused (`oncely pause`): not started."""
     GIVEN_UP = "given_up"
-    """An earlier attempt at the slot failed, timed out or was cancelled and is not retried
-    (its record is final): not started; `oncely release` frees the slot."""
+    """The slot was given up (its retry budget spent, past its grace, cancelled) or skipped
+    on purpose by an operator (its record is final): not started; `oncely release` frees
+    it."""
     RETRY_WAIT = "retry_wait"
     """An earlier attempt failed and the job's `retry=` policy runs the slot again later: not
     started yet."""
@@ -94,6 +96,22 @@ class RunResult:
     """For `failed`, `timeout`, `cancelled`: the attempt recorded the slot as given up (no
     replica starts it again until `oncely release`); False with no `retry_at`: its slot is
     free (its fate could not be recorded, or the worker shut down)."""
+    attempts: int | None = None
+    """For a failed attempt and for `given_up`: how many failed attempts the slot's retry
+    budget has counted, across the fleet (this one included)."""
+    skipped_by: str | None = None
+    """For `given_up`: the operator who settled the slot as skipped on purpose
+    (`oncely skip`), if that is why it is not started; `skip_reason` says why."""
+    skip_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the slot's work is accounted for: it ran (here or before), or an operator
+        skipped it on purpose. False for a failure, a given-up slot, busy, paused and the
+        rest: an external scheduler must see that the work did not happen."""
+        if self.status in (RunStatus.RAN, RunStatus.SKIPPED):
+            return True
+        return self.status is RunStatus.GIVEN_UP and self.skipped_by is not None
 
 
 UNRUNNABLE = "Unrunnable: "
@@ -222,6 +240,23 @@ class Attempt:
     again until `oncely release` (which clears this)."""
     retry_at: datetime | None = None
     """It failed and the job's retry policy runs the slot again at this time."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """An operator's release of one slot, from its audit row: when, by whom, why, and what
+    it freed (`result`: "released (ran at T by R)" or "released (given up)")."""
+
+    at: datetime
+    key: str
+    actor: str
+    reason: str | None
+    result: str
+
+
+OPERATOR_SKIP = "operator_skip"
+"""The outcome of the note an operator's `oncely skip` writes: the slot is skipped on purpose
+(final, with the operator as its replica and the reason as its text)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from . import locks
 from .errors import ConfigError, UnknownJobError
-from .retry import RetryPolicy
+from .retry import SLOT_POLICY, RetryPolicy
 from .schedule import Schedule, default_key
 
 JobFunc = Callable[[Any, datetime], Awaitable[None] | None]
@@ -48,7 +48,13 @@ class Job:
     None: the runner opens the session, claims, calls `func(db, now)` and commits."""
     retry: RetryPolicy | None = None
     """How a slot whose attempt failed or timed out is retried, its attempts counted across
-    the fleet from the recorded attempts of the slot; None: it is given up (not retried)."""
+    the fleet from the recorded attempts of the slot; None: `SLOT_POLICY` (5 attempts from
+    3 s); `RetryPolicy(attempts=1)`: given up at its first failure."""
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The retry policy a failed slot of this job follows: its own, or the default."""
+        return self.retry if self.retry is not None else SLOT_POLICY
 
     @property
     def is_async(self) -> bool:

@@ -166,3 +166,9 @@ class RetryPolicy:
 
 DEFAULT_POLICY = RetryPolicy()
 """25 attempts, `attempt**4 + 15` seconds +/-10 % between them."""
+
+SLOT_ATTEMPTS = 5
+SLOT_WAIT = 3.0
+SLOT_POLICY = RetryPolicy(SLOT_ATTEMPTS, SLOT_WAIT, backoff="exponential", jitter=0.15)
+"""A scheduled job's slot without `retry=`: 5 attempts, waiting 3, 6, 12 and 24 s (+/-15 %)
+after the failed ones (Active Job's five attempts from 3 s, growing), counted fleet-wide."""

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from . import clock, events, tracing
 from .errors import JobCancelledError, JobTimeoutError, JobTransactionError, OncelyError
-from .model import Claim, Pause, RunResult, RunStatus
+from .model import OPERATOR_SKIP, Attempt, Claim, Pause, RunResult, RunStatus
 from .registry import Job
 from .retry import Retry
 from .store import ClaimAnswer, ClaimRequest, Store, claim_landed, violation
@@ -65,6 +65,9 @@ class SlotOutcome:
     """For a failed attempt the job's retry policy retries: when (database time)."""
     final: bool = False
     """A failed attempt given up: recorded final in its own transaction (see `_record_fate`)."""
+    attempts: int | None = None
+    """For a failed attempt recorded in its transaction, or a slot found given up: how many
+    failed attempts the slot's budget has counted, this one included (fleet-wide)."""
 
     @property
     def recorded(self) -> bool:
@@ -155,8 +158,8 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
     },
     ("run", RunStatus.GIVEN_UP, Stage.CLAIM): {
         "event": "run.given_up",
-        "text": "an earlier attempt at this slot failed, timed out or was cancelled and is not "
-        "retried: not started (`oncely release` frees it)",
+        "text": "the slot was given up (its retry budget is spent, or an operator cancelled "
+        "or skipped it): not started (`oncely release` frees it)",
         "timed": False,
     },
     ("run", RunStatus.RETRY_WAIT, Stage.CLAIM): {
@@ -166,12 +169,12 @@ _EVENTS: dict[tuple[str, RunStatus, Stage], _Event] = {
     },
     ("run", RunStatus.FAILED, Stage.CALL): {
         "event": "run.failed",
-        "text": "the job raised; rolled back, the slot's fate is recorded",
+        "text": "the job raised; rolled back, the slot's fate (retry or given up) is recorded",
         "timed": True,
     },
     ("run", RunStatus.FAILED, Stage.TRANSACTION): {
         "event": "run.failed",
-        "text": "the job raised; rolled back, the slot's fate is recorded",
+        "text": "the job raised; rolled back, the slot's fate (retry or given up) is recorded",
         "timed": True,
     },
     ("run", RunStatus.FAILED, Stage.COMMIT): {
@@ -246,7 +249,7 @@ def report(what: str, outcome: SlotOutcome, duration: float, fields: Mapping[str
         claim = outcome.claim
         extra["claimed_by"] = claim.claimed_by if claim else None
         extra["claimed_at"] = claim.claimed_at.isoformat() if claim else None
-    level = logging.INFO
+    level = logging.WARNING if outcome.status is RunStatus.GIVEN_UP else logging.INFO
     if outcome.status in _ERRORS:
         level = _ERRORS[outcome.status]
         extra["error"] = f"{type(outcome.error).__name__}: {outcome.error}"
@@ -256,6 +259,8 @@ def report(what: str, outcome: SlotOutcome, duration: float, fields: Mapping[str
         extra["reason"] = outcome.pause.reason
     if outcome.final:
         extra["given_up"] = True
+    if outcome.attempts is not None:
+        extra["attempts"] = outcome.attempts
     if outcome.retry_at is not None:
         extra["retry_at"] = outcome.retry_at.isoformat()
     if event["timed"]:
@@ -405,7 +410,7 @@ async def _record_fate(
     if not record.recordable_in_transaction:
         await store.claims.abandon(session)
         return outcome
-    write, decided = fate_writer(job, outcome, record.fate)
+    write, decided = fate_writer(job, outcome, record.fate, record.slot)
     try:
         await store.claims.give_up(session, record.request.job, record.request.key, write)
     except Exception:  # rolled back whole: the slot is free, the end recorded outside
@@ -419,7 +424,7 @@ Fate = Callable[..., tuple[Any, Any]]
 
 
 def fate_writer(
-    job: Job, outcome: SlotOutcome, fate: Fate
+    job: Job, outcome: SlotOutcome, fate: Fate, slot: datetime
 ) -> tuple[Callable[[int, datetime], tuple[Any, Any]], Callable[[SlotOutcome], SlotOutcome]]:
     """For a failed attempt's end written in its own transaction: the `record(tries, now)`
     that `Store.give_up` (or `borrowed.give_up`) calls, which decides given up or retried
@@ -428,24 +433,36 @@ def fate_writer(
     decided: dict[str, Any] = {}
 
     def write(tries: int, now: datetime) -> tuple[Any, Any]:
-        retry_at = _retry_at(job, outcome, tries + 1, now)
+        retry_at = retry_time(job, outcome, tries + 1, now, slot)
         decided["retry_at"] = retry_at
+        decided["attempts"] = tries + 1
         return fate(outcome, final=retry_at is None, retry_at=retry_at)
 
     def marked(out: SlotOutcome) -> SlotOutcome:
         retry_at = decided.get("retry_at")
-        return dataclasses.replace(out, final=retry_at is None, retry_at=retry_at)
+        attempts = decided.get("attempts")
+        return dataclasses.replace(
+            out, final=retry_at is None, retry_at=retry_at, attempts=attempts
+        )
 
     return write, marked
 
 
-def _retry_at(job: Job, outcome: SlotOutcome, attempt: int, now: datetime) -> datetime | None:
-    """When the job's retry policy runs the slot again after failed attempt number `attempt`
-    (counted fleet-wide), or None: given up (no policy, an operator's cancel, exhausted)."""
-    if job.retry is None or outcome.status is RunStatus.CANCELLED or outcome.error is None:
+def retry_time(
+    job: Job, outcome: SlotOutcome, attempt: int, now: datetime, slot: datetime
+) -> datetime | None:
+    """When the job's retry policy (its own or `SLOT_POLICY`) runs the slot again after
+    failed attempt number `attempt` (counted fleet-wide), or None: given up (an operator's
+    cancel, attempts spent, an error it does not retry, or a retry later than the job's
+    `grace` after the slot's time, which no worker would start)."""
+    if outcome.status is RunStatus.CANCELLED or outcome.error is None:
         return None
-    decision = job.retry.decide(outcome.error, attempt, now)
-    return decision.at if isinstance(decision, Retry) else None
+    decision = job.policy.decide(outcome.error, attempt, now)
+    if not isinstance(decision, Retry):
+        return None
+    if job.grace is not None and decision.at > slot + job.grace:
+        return None
+    return decision.at
 
 
 async def _call_async(
@@ -670,6 +687,7 @@ async def run_slot(
     context: Mapping[str, Any] | None = None,
     check_pause: bool = False,
     guard: Guard | None = None,
+    retry_now: bool = False,
 ) -> RunResult:
     """Run one slot of a job once, if nobody has; never raises for the job's own errors.
 
@@ -677,7 +695,8 @@ async def run_slot(
     With `check_pause`, a slot whose time lies inside a pause of the job is not started
     (`paused`): the worker's scheduler decided it from the pauses it read, and this check, in
     the attempt's transaction, catches a pause committed since. With `guard`, see
-    `attempt_slot`.
+    `attempt_slot`. With `retry_now` (the caller's retry: `oncely run`), a slot waiting for
+    its retry policy runs at once.
     """
     started = time.perf_counter()
     fields: dict[str, Any] = {
@@ -697,11 +716,15 @@ async def run_slot(
         busy_ms=busy_ms,
         exclusive=job.overlap == "skip",
         check_pause=check_pause,
+        retry_now=retry_now,
     )
     with tracing.slot_attempt(job.name, key, slot, replica) as span:
         outcome = await attempt_slot(
             store, job, slot, request, check_pause=check_pause, guard=guard
         )
+        skip: Attempt | None = None
+        if outcome.status is RunStatus.GIVEN_UP:
+            outcome, skip = await _why_given_up(store, outcome, request, slot)
         duration = time.perf_counter() - started
         report("run", outcome, duration, fields)  # its span event, if any, on this span
         failed = (outcome.error or outcome.status.value) if outcome.status in _ERRORS else None
@@ -722,5 +745,24 @@ async def run_slot(
         claimed_by=claimed_by,
         pause=outcome.pause,
         retry_at=outcome.retry_at,
-        given_up=outcome.final,
+        given_up=outcome.final or outcome.status is RunStatus.GIVEN_UP,
+        attempts=outcome.attempts,
+        skipped_by=skip.replica if skip is not None else None,
+        skip_reason=skip.error if skip is not None else None,
     )
+
+
+async def _why_given_up(
+    store: Store, outcome: SlotOutcome, request: ClaimRequest, slot: datetime
+) -> tuple[SlotOutcome, Attempt | None]:
+    """For a slot found given up: how many failed attempts its budget counted, and the
+    operator's skip, if that is what settled it (read after the attempt, the rare path;
+    best effort)."""
+    try:
+        records = await store.control.slot_records(request.job, request.key, slot)
+    except OncelyError:
+        return outcome, None
+    marked = [r for r in records if r.final or r.retry_at is not None]
+    skips = [r for r in marked if r.outcome == OPERATOR_SKIP]
+    failed = len(marked) - len(skips)
+    return dataclasses.replace(outcome, attempts=failed), (skips[-1] if skips else None)

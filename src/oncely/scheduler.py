@@ -322,6 +322,22 @@ class Scheduler:
             delay *= self._rng.uniform(0.5, 1.5)
             state.pending[slot] = _Pending(now + timedelta(seconds=delay), tries)
 
+    def adopt_retries(self, found: Iterable[tuple[str, datetime, datetime]]) -> int:
+        """Take on slots waiting for their retry policy that another process scheduled (or
+        this one, before a restart): (job, slot, retry time) each; tried at the retry time
+        like this worker's own retries. Slots already in hand are left as they are; how
+        many were taken on."""
+        taken = 0
+        for name, slot, retry_at in found:
+            state = self.states.get(name)
+            if state is None or slot in state.pending or slot in state.running:
+                continue
+            if slot in state.retrying:
+                continue
+            state.pending[slot] = _Pending(retry_at, 0)
+            taken += 1
+        return taken
+
     def abandon(self, job: Job, slots: Iterable[datetime]) -> None:
         """Forget in-flight slots that will not be attempted (shutdown)."""
         state = self.states[job.name]

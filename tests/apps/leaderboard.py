@@ -66,6 +66,14 @@ async def close_then_fail(db, now):  # type: ignore[no-untyped-def]
 
 
 @app.job(cron("0 18 * * FRI", tz="America/Mexico_City"))
+async def close_when_up(db, now):  # type: ignore[no-untyped-def]
+    """Pays, then fails while the test's `fail` file exists (a transient outage)."""
+    await _pay_top3(db, now)
+    if (SIGNAL_DIR / "fail").exists():
+        raise ConnectionError("the leaderboard service is down")
+
+
+@app.job(cron("0 18 * * FRI", tz="America/Mexico_City"))
 def close_then_hang(db, now):  # type: ignore[no-untyped-def]
     """Pays (in the open transaction), says so, then waits for the test's `release` file."""
     db.execute(

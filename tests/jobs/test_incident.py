@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -67,29 +68,73 @@ def test_once_per_slot_eight_processes_at_once(env: dict[str, str], sync_engine:
     assert coins(sync_engine) == [("ana", 10), ("beto", 10), ("carla", 10)]
 
 
-def test_a_failed_attempt_leaves_no_partial_effect_and_records_the_slot_given_up(
+def test_failure_frees_the_slot_for_the_schedulers_retry(
+    env: dict[str, str], sync_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """Guarantee 2, the seed's deployment: EventBridge retries a failed `oncely run`. A
+    transient failure rolls back (exit 1, no partial effect) and leaves the slot free for the
+    retry, which runs it: the members are paid once."""
+    slot = FRIDAY.format(0)
+    (tmp_path / "fail").touch()
+    failed = run_cli("run", "close_when_up", "--now", slot, cwd=ROOT, env=env)
+    assert failed.returncode == 1, failed.stderr
+    assert "ConnectionError: the leaderboard service is down" in failed.stderr
+    assert "the job's retry policy retries it at" in failed.stderr
+    assert "(attempt 1 failed)" in failed.stderr
+    assert coins(sync_engine) == [] and notifications(sync_engine) == 0
+    (tmp_path / "fail").unlink()
+    retried = run_cli("run", "close_when_up", "--now", slot, cwd=ROOT, env=env)
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.startswith("ran close_when_up "), retried.stdout
+    assert coins(sync_engine) == [("ana", 10), ("beto", 10), ("carla", 10)]
+    again = run_cli("run", "close_when_up", "--now", slot, cwd=ROOT, env=env)
+    assert again.returncode == 0 and again.stdout.startswith("skipped "), again.stdout
+    assert coins(sync_engine) == [("ana", 10), ("beto", 10), ("carla", 10)]
+
+
+def test_a_spent_budget_is_loud_until_an_operator_settles_the_slot(
     env: dict[str, str], sync_engine: sa.Engine
 ) -> None:
-    """Guarantee 2: a failed attempt leaves no partial effect; the slot's fate is recorded;
-    it is retried only by the job's retry policy or by an operator's release."""
+    """Guarantee 2: each failed attempt leaves no partial effect and spends one of the slot's
+    five attempts (counted across every `oncely run`); a spent budget exits 1 with "given up
+    after 5 attempts" and the commands that settle it, and is a verify finding until an
+    operator releases it (a fresh budget) or skips it on purpose (then accounted for)."""
     slot = FRIDAY.format(0)
-    failed = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
-    assert failed.returncode == 1
-    assert "RuntimeError: leaderboard service exploded" in failed.stderr
-    assert "rolled back; given up (`oncely release close_then_fail " in failed.stderr
+    for attempt in range(1, 6):
+        failed = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
+        assert failed.returncode == 1, failed.stderr
+        assert "RuntimeError: leaderboard service exploded" in failed.stderr
+        if attempt < 5:
+            assert f"(attempt {attempt} failed)" in failed.stderr, failed.stderr
+    assert "given up after 5 attempts (`oncely release close_then_fail " in failed.stderr
     assert coins(sync_engine) == [] and notifications(sync_engine) == 0
-    # Given up: no process starts the slot again (no retry policy), until it is released.
-    again = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
-    assert again.returncode == 0 and again.stdout.startswith("given_up "), again.stderr
-    key = again.stdout.split(" key ")[1].split(": ")[0]
+    spent = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
+    line = next(ln for ln in spent.stderr.splitlines() if ln.startswith("given_up "))
+    assert spent.returncode == 1 and "given up after 5 attempts; not started" in line
+    assert "WARNING oncely run.given_up" in spent.stderr and "attempts=5" in spent.stderr
+    key = line.split(" key ")[1].split(": ")[0]
+    since = ("--since", "2026-11-27T00:00:00Z", "--until", "2026-11-28T00:00:00Z")
+    found = run_cli("verify", "close_then_fail", *since, "--json", cwd=ROOT, env=env)
+    assert found.returncode == 1, found.stdout
+    assert [f["kind"] for f in json.loads(found.stdout)["findings"]] == ["given_up"]
+    # Released: a fresh budget, and it runs (and fails) again.
     assert run_cli("release", "close_then_fail", key, cwd=ROOT, env=env).returncode == 0
     released = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
-    assert released.returncode == 1 and "leaderboard service exploded" in released.stderr
+    assert released.returncode == 1 and "(attempt 1 failed)" in released.stderr
+    # Skipped on purpose: no process starts it, `run` exits 0, verify accounts for it.
+    skip = ("skip", "close_then_fail", key, "--reason", "paid by hand", "--actor", "ana@ops")
+    assert run_cli(*skip, cwd=ROOT, env=env).returncode == 0
+    settled = run_cli("run", "close_then_fail", "--now", slot, cwd=ROOT, env=env)
+    assert settled.returncode == 0, settled.stderr
+    assert settled.stdout.startswith("skipped_on_purpose "), settled.stdout
+    assert "by ana@ops: paid by hand" in settled.stdout
+    ok = run_cli("verify", "close_then_fail", *since, "--json", cwd=ROOT, env=env)
+    assert ok.returncode == 0, ok.stdout
+    assert json.loads(ok.stdout)["jobs"][0]["counts"] == {"skipped": 1}
     assert coins(sync_engine) == [] and notifications(sync_engine) == 0
     # The same slot of a job that works runs: the failed attempts left no claim.
     ran = run_cli("run", "leaderboard_close", "--now", slot, cwd=ROOT, env=env)
     assert ran.stdout.startswith("ran ")
-    # The history shows only the successful run.
     hist = run_cli("history", "--json", cwd=ROOT, env=env)
     assert '"job": "close_then_fail"' not in hist.stdout
 

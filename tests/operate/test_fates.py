@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from oncely.fates import JobLedger, JobVerdict, unrunnable_findings, verify_job
-from oncely.model import Attempt, Claim, Pause
+from oncely.model import OPERATOR_SKIP, Attempt, Claim, Pause, Release
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
 NOW = T0 + timedelta(minutes=10)
@@ -50,7 +50,7 @@ def verdict(
     claims: list[Claim] = [],  # noqa: B006 - read only
     records: list[Attempt] = [],  # noqa: B006
     pauses: list[Pause] = [],  # noqa: B006
-    releases: list[tuple[datetime, str]] = [],  # noqa: B006
+    releases: list[Release] = [],  # noqa: B006
     first_seen: datetime | None = T0,
 ) -> JobVerdict:
     ledger = JobLedger("j", SLOTS, key_for, first_seen, claims, records, pauses, releases)
@@ -93,12 +93,20 @@ def test_slots_before_the_job_first_appeared_are_not_expected() -> None:
     assert fates(verdict(first_seen=None))[:11] == ["before_job"] * 11
 
 
-def test_a_given_up_slot_is_accounted_for_and_a_run_after_it_is_a_finding() -> None:
-    failed = record(3, "failed", error="503")
-    v = verdict(claims=[claim(i) for i in range(11) if i != 3], records=[failed])
+def release(i: int, after: timedelta, result: str = "released (given up)") -> Release:
+    return Release(SLOTS[i] + after, key_for(SLOTS[i]), "ana@ops", "wrong total", result)
+
+
+def test_a_given_up_slot_is_a_finding_until_settled_and_a_run_after_it_is_one_too() -> None:
+    tried = record(3, "failed", rid=1, error="502", final=False, retry_at=SLOTS[3])
+    failed = record(3, "failed", rid=2, error="503")
+    v = verdict(claims=[claim(i) for i in range(11) if i != 3], records=[tried, failed])
     assert fates(v)[3] == "given_up"
-    assert v.slots[3].detail == "failed: 503"
-    assert v.findings == ()
+    assert v.slots[3].detail == "given up after 2 attempts (failed: 503)"
+    assert kinds(v) == ["given_up"]
+    assert "oncely release j" in v.findings[0].message
+    assert "oncely skip j" in v.findings[0].message
+    failed = record(3, "failed", error="503")
     later = claim(3, at=timedelta(seconds=5))  # another replica ran it after the failure
     v = verdict(claims=[*(claim(i) for i in range(11) if i != 3), later], records=[failed])
     assert fates(v)[3] == "ran"
@@ -114,22 +122,70 @@ def test_an_attempt_that_lost_its_database_gives_nothing_up() -> None:
     assert v.findings == ()
 
 
+def test_a_slot_skipped_on_purpose_is_accounted_for_with_its_reason() -> None:
+    failed = record(3, "failed", rid=1, error="503")
+    skip = record(3, OPERATOR_SKIP, rid=2, replica="ana@ops", error="paid by hand", final=True)
+    v = verdict(claims=[claim(i) for i in range(11) if i != 3], records=[failed, skip])
+    assert fates(v)[3] == "skipped"
+    assert (v.slots[3].by, v.slots[3].detail) == ("ana@ops", "paid by hand")
+    assert v.findings == ()
+
+
+def test_a_slot_waiting_for_its_retry_says_which_attempt_failed_and_when_it_runs() -> None:
+    later = NOW + timedelta(seconds=6)
+    waiting = record(3, "failed", error="503", final=False, retry_at=later)
+    v = verdict(claims=[claim(i) for i in range(11) if i != 3], records=[waiting])
+    assert (fates(v)[3], v.slots[3].at) == ("retry_wait", later)
+    assert v.slots[3].detail is not None and v.slots[3].detail.startswith("attempt 1 failed")
+    assert v.findings == ()
+    # Its retry came due and nobody ran it: a finding, not a fate.
+    due = record(3, "failed", error="503", final=False, retry_at=SLOTS[3])
+    v = verdict(claims=[claim(i) for i in range(11) if i != 3], records=[due])
+    assert kinds(v) == ["unaccounted"]
+
+
 def test_a_release_frees_a_given_up_slot() -> None:
     failed = record(3, "failed")
-    after = SLOTS[3] + timedelta(seconds=3)
     rerun = claim(3, at=timedelta(seconds=5))
     v = verdict(
         claims=[*(claim(i) for i in range(11) if i != 3), rerun],
         records=[failed],
-        releases=[(after, key_for(SLOTS[3]))],
+        releases=[release(3, timedelta(seconds=3))],
     )
     assert v.findings == ()
     v = verdict(
         claims=[claim(i) for i in range(11) if i != 3],
         records=[failed],
-        releases=[(after, key_for(SLOTS[3]))],
+        releases=[release(3, timedelta(seconds=3))],
     )
     assert fates(v)[3] == "released"
+    assert v.findings == ()
+
+
+def test_a_released_slot_that_ran_keeps_its_history_and_is_never_before_the_job() -> None:
+    """The slot ran, an operator released it: it is `released` with who ran it and who freed
+    it, even before the job's recorded first appearance; run again, it is a run after a
+    release, not a duplicate."""
+    what = "released (ran at 2026-11-30T10:03:01+00:00 by r1)"
+    freed = release(3, timedelta(seconds=30), what)
+    ran = record(3, "ran", final=False)  # the attempt's record of its run
+    later = SLOTS[5]
+    v = verdict(
+        claims=[claim(i) for i in range(4, 11)], records=[ran], releases=[freed], first_seen=later
+    )
+    assert fates(v)[3] == "released"
+    assert v.slots[3].detail == (
+        "released (ran at 2026-11-30T10:03:01+00:00 by r1) by ana@ops at "
+        "2026-11-30T10:03:30+00:00 (wrong total)"
+    )
+    assert v.slots[3].by == "ana@ops"
+    assert fates(v)[:3] == ["before_job"] * 3  # never tried, never freed
+    again = claim(3, at=timedelta(minutes=1))
+    v = verdict(
+        claims=[again, *(claim(i) for i in range(4, 11))], releases=[freed], first_seen=later
+    )
+    assert fates(v)[3] == "ran"
+    assert (v.slots[3].detail or "").startswith("again after released (ran at")
     assert v.findings == ()
 
 

@@ -133,8 +133,10 @@ def run(
 ) -> None:
     """Run the due slot of JOB once, then exit (for cron, EventBridge, Kubernetes).
 
-    A paused job, or a slot an earlier attempt gave up or that waits for its retry, is not
-    run (exit 0: a scheduler must not retry it).
+    This is the caller's retry: a slot waiting for its retry policy runs now. Exit 0 when
+    the slot's work is done (ran, here or before, or skipped on purpose by an operator) or
+    not to be done now (paused, busy); 1 when the job failed or the slot is given up (its
+    budget of attempts is spent: `oncely release` or `oncely skip` settles it).
     """
     at = parse_time(now, "--now")
     patience = parse_wait(wait)
@@ -155,6 +157,12 @@ def run(
     result = obj.call(go)
     if as_json:
         click.echo(render.dumps(render.run_dict(result)))
+    exit_with(obj, result, patience, as_json)
+
+
+def exit_with(obj: Context, result: RunResult, patience: float | None, as_json: bool) -> None:
+    """Print `oncely run`'s outcome and exit with its code: non-zero whenever the slot's work
+    did not happen and is not to be left alone (failed, given up, unknown)."""
     if result.status is RunStatus.UNKNOWN:
         if not as_json:
             render.echo(render.run_line(result), err=True)
@@ -172,6 +180,10 @@ def run(
         if not as_json:
             render.echo(render.run_line(result), err=True)
         sys.exit(EXIT_JOB_FAILED)
+    if result.status is RunStatus.GIVEN_UP and not result.done:
+        if not as_json:
+            render.echo(render.run_line(result), err=True)
+        sys.exit(EXIT_JOB_FAILED)  # the work did not happen: a scheduler must see it
     if not as_json:
         render.echo(render.run_line(result))
 
@@ -216,6 +228,30 @@ def wait_for_holder(obj: Context, busy: RunResult, patience: float) -> None:
         return
     render.echo(line, err=True)
     sys.exit(EXIT_JOB_FAILED)
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("key")
+@click.option("--reason", metavar="TEXT", required=True, help="Why (required): verify shows it.")
+@click.option(
+    "--actor", metavar="NAME", help="Who does this, for the audit trail (default: user@host)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@handled
+def skip(obj: Context, job: str, key: str, reason: str, actor: str | None, as_json: bool) -> None:
+    """Settle a slot that did not run (given up, died) as skipped on purpose, with a reason:
+    no replica starts it, verify accounts for it; `oncely release` undoes it."""
+    text_arg(job, "job")
+    text_arg(key, "key")
+    text_arg(reason, "--reason")
+    text_arg(actor, "--actor")
+    obj.call(lambda app: app.skip_slot(job, key, reason=reason, actor=actor))
+    if as_json:
+        click.echo(render.dumps({"status": "skipped_on_purpose", "job": job, "key": key}))
+        return
+    render.echo(f"skipped {job} key {key} on purpose ({reason}); `oncely release` undoes it")
 
 
 @cli.command("list")

@@ -70,21 +70,45 @@ def run_line(result: RunResult) -> str:
             f"`oncely history {result.job}` (running it again is safe: a landed claim skips)"
         )
     if result.status is RunStatus.GIVEN_UP:
-        return (
-            f"{head}: an earlier attempt failed, timed out or was cancelled and is not "
-            f"retried; not started (`oncely release {result.job} {result.key}` frees it)"
-        )
+        if result.skipped_by is not None:
+            why = f": {result.skip_reason}" if result.skip_reason else ""
+            return (
+                f"skipped_on_purpose {result.job} slot {iso(result.slot)} key {result.key}: "
+                f"skipped on purpose by {result.skipped_by}{why}; not started"
+            )
+        return f"{head}: {given_up(result)}; not started ({settle(result)})"
     if result.status is RunStatus.RETRY_WAIT:
         return f"{head}: an earlier attempt failed; the job's retry policy runs it later"
     return f"{head}: {type(error).__name__}: {error}; rolled back; {fate(result)}"
 
 
+def given_up(result: RunResult) -> str:
+    """'given up after N attempts' (N: the failed attempts its budget counted)."""
+    n = result.attempts
+    if not n:
+        return "given up (an attempt failed, timed out or was cancelled)"
+    return f"given up after {n} attempt{'s' if n != 1 else ''}"
+
+
+def settle(result: RunResult) -> str:
+    """The two commands an operator settles a given-up slot with."""
+    return (
+        f"`oncely release {result.job} {result.key}` runs it again; `oncely skip {result.job} "
+        f"{result.key} --reason TEXT` settles it as skipped on purpose"
+    )
+
+
 def fate(result: RunResult) -> str:
     """What a failed attempt left its slot as: retried later, given up, or free."""
     if result.retry_at is not None:
-        return f"retried at {iso(result.retry_at)} (the job's retry policy)"
+        n = result.attempts
+        tried = f" (attempt {n} failed)" if n else ""
+        return (
+            f"the job's retry policy retries it at {iso(result.retry_at)}{tried}; "
+            f"`oncely run` again retries it now"
+        )
     if result.given_up:
-        return f"given up (`oncely release {result.job} {result.key}` frees it)"
+        return f"{given_up(result)} ({settle(result)})"
     return "the slot is free"
 
 
@@ -350,6 +374,10 @@ def run_dict(result: RunResult) -> dict[str, Any]:
         "paused": pause_dict(pause) if pause is not None else None,
         "given_up": result.given_up,
         "retry_at": result.retry_at.isoformat() if result.retry_at else None,
+        "attempts": result.attempts,
+        "skipped_by": result.skipped_by,
+        "skip_reason": result.skip_reason,
+        "done": result.done,
     }
 
 

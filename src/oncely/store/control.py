@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from ..errors import BadInputError, OncelyError, SchemaMissingError, TaskStateError
-from ..model import Attempt, AuditEntry, Claim, Pause, TaskRecord
+from ..model import OPERATOR_SKIP, Attempt, AuditEntry, Claim, Pause, Release, TaskRecord
 from . import sql, task_queue_sql
 from .database import Database
 from .dialect import Dialect
@@ -44,8 +44,8 @@ class JobLedgerRows:
 
     claims: list[Claim]
     records: list[Attempt]
-    releases: list[tuple[datetime, str]]
-    """(when, key) of each release an operator made (refused ones left out)."""
+    releases: list[Release]
+    """Each release an operator made (refused ones left out), oldest first."""
 
 
 @dataclass(frozen=True)
@@ -413,6 +413,17 @@ class Control:
             await conn.execute(statement)
         self._seen.update(new)  # once per process: `oncely run` in a loop writes it once
 
+    async def pending_retries(
+        self, jobs: Sequence[str], since: datetime, limit: int = 200
+    ) -> list[tuple[str, datetime, datetime]]:
+        """(job, slot, retry time) of the slots of `jobs` since `since` that wait for their
+        retry policy (no final mark, no claim), soonest first; none before the control
+        plane's schema 14."""
+        if not jobs or not self.db.has_slot_fate:
+            return []
+        rows = await self.db.read(sql.pending_retries(list(jobs), since, limit))
+        return [(r.job, r.slot, r.retry_at) for r in rows if r.slot is not None]
+
     async def first_seen(self, job: str) -> datetime | None:
         """When a job first appeared: its recorded first appearance, or its oldest claimed or
         attempted slot if older (an older oncely records no appearance); None: never seen."""
@@ -447,7 +458,8 @@ class Control:
         for row in await self.db.read(sql.releases_since(job, since)):
             target = str(row.target)
             if target.startswith(f"{job} ") and not str(row.result).startswith("refused"):
-                releases.append((row.at, target[len(job) + 1 :]))
+                key = target[len(job) + 1 :]
+                releases.append(Release(row.at, key, row.actor, row.reason, str(row.result)))
         return JobLedgerRows(claims, records, releases)
 
     # -- pauses -------------------------------------------------------------------------
@@ -571,7 +583,10 @@ class Control:
                 marks = (await conn.execute(sql.release_marks(job, key))).rowcount
                 if row is not None or marks:
                     forced = " (--force)" if force else ""
-                    what = "released" if row is not None else "released (given up)"
+                    what = "released (given up)"
+                    if row is not None:
+                        ran = row.claimed_at.isoformat(timespec="seconds")
+                        what = f"released (ran at {ran} by {row.claimed_by})"
                     await self._audit(conn, action, f"{what}{forced}")
         except OncelyError as exc:
             if exc is not running and not self.dialect.is_busy(exc.__cause__ or exc):
@@ -579,6 +594,49 @@ class Control:
             await self.refused(action, running)
             raise running from None
         return (claim_from_row(row) if row is not None else None), bool(marks)
+
+    async def skip(self, action: Action, job: str, key: str, slot: datetime | None) -> None:
+        """Settle a slot that did not run as skipped on purpose: a final `operator_skip` note
+        (the actor as its replica, the reason as its text, the slot's time as its records
+        have it, else `slot`) with the action's audit row, in one transaction. Refused
+        (BadInputError, with a refused row) if the slot ran, or while an attempt at it runs;
+        `release` undoes it."""
+        await self._need()
+        ran = BadInputError(
+            f"job {job!r} key {key!r} ran: nothing to skip (`oncely release` frees a slot that ran)"
+        )
+        running = BadInputError(
+            f"job {job!r} key {key!r} is running right now (or, on SQLite, another write "
+            "holds the database): nothing skipped; try again when it has finished"
+        )
+        now = self.dialect.now()
+        note = {
+            "job": job,
+            "key": key,
+            "outcome": OPERATOR_SKIP,
+            "final": True,
+            "finished_at": now,
+            "recorded_at": now,
+            "error": action.reason,
+            **self._origin(action.actor),
+        }
+        try:
+            async with self._write(busy_ms=500) as conn:
+                if not await self.dialect.try_lock_slot(conn, job, key):
+                    raise running
+                if (await conn.execute(sql.get_claim(job, key))).first() is not None:
+                    raise ran
+                recorded = (await conn.execute(sql.slot_of_key(job, key))).scalar()
+                note["slot"] = recorded if recorded is not None else slot
+                await conn.execute(sql.record_attempt(note))
+                await self._audit(conn, action, "skipped on purpose")
+        except OncelyError as exc:
+            busy = exc is running or self.dialect.is_busy(exc.__cause__ or exc)
+            if exc is not ran and not busy:
+                raise
+            refusal = ran if exc is ran else running
+            await self.refused(action, refusal)
+            raise refusal from None
 
     async def cancel_attempts(self, action: Action, attempts: Sequence[Attempt]) -> list[int]:
         """Ask running attempts to stop, with one audit row; the ids that were still running.

@@ -54,23 +54,24 @@ class ClaimAnswer(enum.Enum):
     """An earlier attempt failed and the job's retry policy retries it later: not yet."""
 
 
-def marks_verdict(row: Any) -> ClaimAnswer | None:
+def marks_verdict(row: Any, retry_now: bool = False) -> ClaimAnswer | None:
     """What a slot's marks (`sql.slot_marks`, read once its lock is held) say: GIVEN_UP,
-    RETRY_WAIT, or None (it may run)."""
+    RETRY_WAIT (unless `retry_now`: the caller's retry runs it at once), or None (it may
+    run)."""
     if row is None or not row.tries:
         return None
     if row.final:
         return ClaimAnswer.GIVEN_UP
-    if row.retry_at is not None and row.retry_at > row.now:
+    if not retry_now and row.retry_at is not None and row.retry_at > row.now:
         return ClaimAnswer.RETRY_WAIT
     return None
 
 
-def checked_plan(job: str, key: str, now: Any) -> Plan[ClaimAnswer]:
+def checked_plan(job: str, key: str, now: Any, retry_now: bool = False) -> Plan[ClaimAnswer]:
     """Once the slot is locked and claimed: refuse it if its marks say so, else take the
     savepoint a failed attempt rolls back to (keeping the lock to record the slot's fate)."""
     row = (yield sql.slot_marks(job, key, now), None).first()
-    verdict = marks_verdict(row)
+    verdict = marks_verdict(row, retry_now)
     if verdict is not None:
         return verdict
     yield sql.SAVEPOINT, None
@@ -93,6 +94,9 @@ class ClaimRequest:
     check_pause: bool = False
     """Also read whether a pause of the job holds `scheduled_for`, where the claim's statement
     can (Postgres on the driver: no statement of its own; see `session.pause_read`)."""
+    retry_now: bool = False
+    """The caller's retry (`oncely run`, `app.run`): a slot waiting for its retry policy's
+    `retry_at` runs at once (its budget still counts; a given-up slot is still refused)."""
 
     def claim_params(self) -> dict[str, Any]:
         """The parameters of `Dialect.claim_statement` for this slot (database time aside)."""
@@ -388,7 +392,7 @@ class ConnectionStatements(SqlFragments):
         row = (yield self.claim_statement, params).first()
         if row is None:
             return ClaimAnswer.TAKEN
-        return (yield from checked_plan(request.job, request.key, self.now()))
+        return (yield from checked_plan(request.job, request.key, self.now(), request.retry_now))
 
     @abc.abstractmethod
     async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimAnswer:

@@ -202,7 +202,7 @@ class PostgresDialect(Dialect):
             return ClaimAnswer.TAKEN if taken else ClaimAnswer.OVERLAP
         if not row.claimed:
             return ClaimAnswer.TAKEN
-        return (yield from checked_plan(job, key, self.now()))
+        return (yield from checked_plan(job, key, self.now(), request.retry_now))
 
     async def lock_and_claim(self, session: AsyncSession, request: ClaimRequest) -> ClaimAnswer:
         driver = attempt_driver(session)
@@ -236,7 +236,7 @@ class PostgresDialect(Dialect):
             return ClaimAnswer.TAKEN if taken else ClaimAnswer.OVERLAP
         if not row["claimed"]:
             return ClaimAnswer.TAKEN
-        return await checked_on_driver(driver, job, key)
+        return await checked_on_driver(driver, job, key, request.retry_now)
 
     def attempt_engine(self, engine: AsyncEngine) -> AsyncEngine | None:
         if engine.dialect.driver != "asyncpg":

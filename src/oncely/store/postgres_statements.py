@@ -145,28 +145,38 @@ DRIVER_FINISH = DRIVER_FINISH_STATEMENT.text
 DRIVER_FINISH_AND_COMMIT = (
     simple_query(_FINISH, {"claim_job": _CLAIMED["job"], "claim_key": _CLAIMED["key"]}) + "; COMMIT"
 )
+
+
 # Once the slot is locked and claimed (the statement above): refuse it if an attempt gave it
 # up or its retry is not due (a division by zero stops the message before the SAVEPOINT), else
 # take the savepoint a failed attempt rolls back to. A statement of its own, after the lock's:
 # its snapshot sees the fate that the lock's previous holder committed as it let go. The
 # driver's own (elsewhere `dialect.checked_plan` reads `sql.slot_marks` and decides in
 # Python, which takes a round trip more): built here from the same marks (`tables.MARKED`).
-_REFUSING = (
-    sa.select(sa.literal_column("1"))
-    .where(
-        attempts.c.job == _JOB,
-        attempts.c.key == _KEY,
-        MARKED,
-        sa.or_(attempts.c.final, attempts.c.retry_at > sa.func.clock_timestamp()),
+def _refused(waiting: bool) -> Any:
+    """A division by zero if an attempt gave the slot up (or, with `waiting`, if its retry
+    is not due yet)."""
+    refuses: Any = attempts.c.final
+    if waiting:
+        refuses = sa.or_(attempts.c.final, attempts.c.retry_at > sa.func.clock_timestamp())
+    refusing = (
+        sa.select(sa.literal_column("1"))
+        .where(attempts.c.job == _JOB, attempts.c.key == _KEY, MARKED, refuses)
+        .limit(1)
+        .subquery("refused")
     )
-    .limit(1)
-    .subquery("refused")
-)
-_REFUSED = sa.select(
-    sa.literal_column("1").op("/")((sa.literal_column("1") - sa.func.count()).self_group())
-).select_from(_REFUSING)
+    return sa.select(
+        sa.literal_column("1").op("/")((sa.literal_column("1") - sa.func.count()).self_group())
+    ).select_from(refusing)
+
+
 DRIVER_CHECK_AND_SAVEPOINT = (
-    simple_query(task_queue_sql.with_constants_inline(_REFUSED), _CLAIMED)
+    simple_query(task_queue_sql.with_constants_inline(_refused(True)), _CLAIMED)
+    + "; SAVEPOINT oncely_attempt"
+)
+# The same for the caller's retry (`oncely run`): a slot waiting for its retry runs now.
+DRIVER_CHECK_FINAL_AND_SAVEPOINT = (
+    simple_query(task_queue_sql.with_constants_inline(_refused(False)), _CLAIMED)
     + "; SAVEPOINT oncely_attempt"
 )
 # Why the check above refused a slot (read after the rollback, the rare path): the slot's
@@ -346,17 +356,22 @@ def driver_of(conn: AsyncConnection) -> Any:
     return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
 
 
-async def checked_on_driver(driver: Any, job: str, key: str) -> ClaimAnswer:
-    """The claimed slot's check and savepoint (DRIVER_CHECK_AND_SAVEPOINT); refused, the
-    transaction is rolled back and the slot's marks say why (BUSY if they no longer refuse:
-    a retry came due meanwhile, the worker tries again soon)."""
+async def checked_on_driver(
+    driver: Any, job: str, key: str, retry_now: bool = False
+) -> ClaimAnswer:
+    """The claimed slot's check and savepoint (DRIVER_CHECK_AND_SAVEPOINT, or with
+    `retry_now` DRIVER_CHECK_FINAL_AND_SAVEPOINT); refused, the transaction is rolled back and
+    the slot's marks say why (BUSY if they no longer refuse: a retry came due meanwhile, the
+    worker tries again soon)."""
     try:
-        await driver.execute(DRIVER_CHECK_AND_SAVEPOINT)
+        await driver.execute(
+            DRIVER_CHECK_FINAL_AND_SAVEPOINT if retry_now else DRIVER_CHECK_AND_SAVEPOINT
+        )
     except asyncpg.DivisionByZeroError:
         await driver.execute("ROLLBACK")
         values = {"job": job, "key": key}
         row = await driver.fetchrow(DRIVER_MARKS, *DRIVER_MARKS_STATEMENT.args(values))
-        return marks_verdict(SimpleNamespace(**dict(row))) or ClaimAnswer.BUSY
+        return marks_verdict(SimpleNamespace(**dict(row)), retry_now) or ClaimAnswer.BUSY
     return ClaimAnswer.CLAIMED
 
 

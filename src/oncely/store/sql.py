@@ -172,6 +172,41 @@ def claims_of(job: str, keys: list[str]) -> sa.Select[Any]:
     return sa.select(runs).where(runs.c.job == job, runs.c.key.in_(keys))
 
 
+def pending_retries(jobs: list[str], since: Any, limit: int) -> sa.Select[Any]:
+    """The slots of some jobs (their time at or after `since`) that wait for their retry
+    policy: a retry time, no final mark and no claim; what any worker of the jobs runs when
+    it comes due, whoever scheduled it (the `(job, slot)` index bounds the read)."""
+    gave_up = attempts.alias("gave_up")
+    return (
+        sa.select(
+            attempts.c.job,
+            attempts.c.key,
+            attempts.c.slot,
+            sa.func.max(attempts.c.retry_at).label("retry_at"),
+        )
+        .where(
+            attempts.c.job.in_(jobs),
+            attempts.c.slot >= since,
+            attempts.c.retry_at.is_not(None),
+            attempts.c.key.is_not(None),
+            ~sa.exists().where(runs.c.job == attempts.c.job, runs.c.key == attempts.c.key),
+            ~sa.exists().where(
+                gave_up.c.job == attempts.c.job, gave_up.c.key == attempts.c.key, gave_up.c.final
+            ),
+        )
+        .group_by(attempts.c.job, attempts.c.key, attempts.c.slot)
+        .order_by(sa.func.max(attempts.c.retry_at))
+        .limit(limit)
+    )
+
+
+def slot_of_key(job: str, key: str) -> sa.Select[Any]:
+    """The newest slot time recorded for one key of a job (its attempts' records)."""
+    return sa.select(sa.func.max(attempts.c.slot)).where(
+        attempts.c.job == job, attempts.c.key == key
+    )
+
+
 def given_up_of(job: str, keys: list[str]) -> sa.Select[Any]:
     """The keys, among some slots of one job, that an attempt gave up (final, not released)."""
     return (
@@ -566,7 +601,7 @@ def records_between(job: str, since: Any, until: Any) -> sa.Select[Any]:
 def releases_since(job: str, since: Any) -> sa.Select[Any]:
     """The operators' releases of a job's slots at or after `since`, oldest first."""
     return (
-        sa.select(audit.c.at, audit.c.target, audit.c.result)
+        sa.select(audit.c.at, audit.c.target, audit.c.result, audit.c.actor, audit.c.reason)
         .where(audit.c.job == job, audit.c.action == "release", audit.c.at >= since)
         .order_by(audit.c.id)
     )

@@ -41,6 +41,12 @@ missed range, a pause) before it gives up and says so (`run.note_failed`): on SQ
 waits for the one write lock, and a busy database refuses it past its busy timeout."""
 NOTE_BACKOFF_FIRST = 0.1
 """The pause after a note's first failed try, doubling after each."""
+RETRY_SCAN = 10.0
+"""Seconds between two reads of the slots of this worker's jobs that wait for their retry
+policy (scheduled by another worker, an `oncely run`, a backfill, or this worker before a
+restart): a retry outlives the process that scheduled it."""
+RETRY_LOOKBACK = timedelta(days=1)
+"""How far back (by slot time) those reads look."""
 CLOCK_CHECK_EVERY = 60.0
 """Seconds between two readings of the database's clock (slots come due by it)."""
 CLOCK_REPORT_DRIFT = timedelta(milliseconds=500)
@@ -85,6 +91,7 @@ class JobWorker:
         self._notes: set[asyncio.Task[None]] = set()
         """Records of slots not started (overlap, missed), written beside the loop."""
         self._outage: _Outage | None = None
+        self._retries_read_at: float | None = None
         self._rng = random.Random()
         self.waited_for = 0
         """Attempts running when the worker was asked to stop."""
@@ -194,7 +201,7 @@ class JobWorker:
             for name in unsynced:
                 self.scheduler.sync(name, last.get(name))
             now = self.now()
-        if self.scheduler.wants_pauses(now) and not await self._read_pauses():
+        if not await self._read_records(now):
             return
         for action in self.scheduler.due(now):
             if isinstance(action, Run):
@@ -211,6 +218,29 @@ class JobWorker:
                 _emit_overlap(action, self.replica)
                 key = action.job.key_for(action.slot)
                 self._note(action.job, key, action.slot, "overlap")
+
+    async def _read_records(self, now: datetime) -> bool:
+        """What the scheduler needs from the database before it decides at `now`: the
+        retries others scheduled, the pauses; False if they could not be read."""
+        if not await self._read_retries(now):
+            return False
+        return not self.scheduler.wants_pauses(now) or await self._read_pauses()
+
+    async def _read_retries(self, now: datetime) -> bool:
+        """Every RETRY_SCAN seconds, hand the scheduler the slots of this worker's jobs that
+        wait for their retry policy; False if they could not be read (an outage)."""
+        read_at = self._retries_read_at
+        if read_at is not None and time.monotonic() - read_at < RETRY_SCAN:
+            return True
+        names = [job.name for job in self.jobs]
+        try:
+            found = await self.store.control.pending_retries(names, now - RETRY_LOOKBACK)
+        except OncelyError as exc:
+            self._unavailable(exc)
+            return False
+        self._retries_read_at = time.monotonic()
+        self.scheduler.adopt_retries(found)
+        return True
 
     async def _read_pauses(self) -> bool:
         """Hand the scheduler the pauses that may cover a slot it is about to decide (read

@@ -250,7 +250,11 @@ class ScheduleWorker:
         expected: datetime | None = record.next_slot
         for slot in slots:
             following = job.schedule.next_after(slot)
-            status = await self._attempt(job, record.name, expected, slot, following)
+            status, retry_at = await self._attempt(job, record.name, expected, slot, following)
+            if retry_at is not None:  # its retry policy runs it again then: left due, held
+                wait = max(0.0, (retry_at - self.now()).total_seconds())
+                self._held[record.name] = _Hold(time.monotonic() + wait)
+                return
             if status not in _SETTLED:
                 if status is RunStatus.BUSY:
                     self._held[record.name] = _Hold(time.monotonic() + HOLD_BUSY)
@@ -280,7 +284,9 @@ class ScheduleWorker:
         expected: datetime | None,
         slot: datetime,
         following: datetime | None,
-    ) -> RunStatus | None:
+    ) -> tuple[RunStatus | None, datetime | None]:
+        """One attempt at a slot: its outcome (None: the database failed) and, for a failure
+        its retry policy retries, when."""
         latency_ms = round((self.now() - slot).total_seconds() * 1000, 1)
         async with self._slots:
             try:
@@ -297,7 +303,7 @@ class ScheduleWorker:
                     )
             except OncelyError as exc:
                 self._outage(exc)
-                return None
+                return None, None
         error = result.error
         if (
             result.status is RunStatus.FAILED
@@ -305,8 +311,8 @@ class ScheduleWorker:
             and self.store.is_unavailable(error)
         ):
             self._outage(error)
-            return None
-        return result.status
+            return None, None
+        return result.status, result.retry_at
 
     def _not_runnable(self, record: ScheduleRecord, exc: ScheduleError) -> None:
         """A schedule whose target this release does not register: left due, for a replica

@@ -191,7 +191,7 @@ def _record_fate(
         }
         return store.control.fate_record(None, ended, outcome.error)
 
-    write, decided = fate_writer(job, failed, fate)
+    write, decided = fate_writer(job, failed, fate, slot)
     try:
         with lent(alias, f"job {request.job!r}") as conn:
             borrowed.give_up(conn, request.job, request.key, write)
