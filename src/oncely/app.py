@@ -27,7 +27,15 @@ from .errors import (
     UnknownJobError,
 )
 from .explain import explain_slot, explain_task, span
-from .fates import LEEWAY, JobLedger, JobVerdict, Verdict, unrunnable_findings, verify_job
+from .fates import (
+    LEEWAY,
+    JobLedger,
+    JobVerdict,
+    Verdict,
+    no_worker_findings,
+    unrunnable_findings,
+    verify_job,
+)
 from .identity import default_actor, replica_id
 from .model import (
     Attempt,
@@ -537,6 +545,11 @@ class Oncely:
         how many wait; None if no worker is live (or this database does not record workers)."""
         return await self.store.tasks.unrunnable(3 * ANNOUNCE_EVERY)
 
+    async def tasks_without_worker(self, late: timedelta = LEEWAY) -> tuple[int, datetime] | None:
+        """While no worker at all is live: how many available tasks have been due for longer
+        than `late`, and since when the oldest has; None if a worker is live or none is late."""
+        return await self.store.tasks.without_worker(3 * ANNOUNCE_EVERY, late.total_seconds())
+
     async def rename(
         self,
         old: str,
@@ -940,6 +953,7 @@ class Oncely:
         verdicts = [await self._verify_job(d, since, end, now, leeway) for d in definitions]
         start = since if since is not None else end - VERIFY_WINDOW
         findings = unrunnable_findings(await self.unrunnable_tasks())
+        findings += no_worker_findings(await self.tasks_without_worker(leeway))
         return Verdict(start, end, now, tuple(verdicts), tuple(findings))
 
     async def _verify_job(
@@ -948,10 +962,16 @@ class Oncely:
         control = self.store.control
         first = await control.first_seen(job.name)
         start = since
+        widened = None
         if start is None:
             start = until - VERIFY_WINDOW
             if first is not None and first > start:
                 start = first
+            # A window that holds none of the job's slots (a weekly job) checks nothing:
+            # it reaches back to the job's last expected slot instead.
+            last = job.schedule.latest_at_or_before(until)
+            if last is not None and last < start and (first is None or last >= first):
+                start = widened = last
         slots: list[datetime] = []
         for slot in job.schedule.slots_after(start - timedelta(microseconds=1)):
             if slot > until:
@@ -973,7 +993,7 @@ class Oncely:
             pauses=await control.job_pauses(job.name),
             releases=rows.releases,
         )
-        return verify_job(ledger, now, leeway)
+        return verify_job(ledger, now, leeway, widened)
 
     async def cancel(
         self,

@@ -117,6 +117,9 @@ class JobVerdict:
     slots: tuple[SlotFate, ...]
     findings: tuple[Finding, ...]
     first_seen: datetime | None
+    widened: datetime | None = None
+    """Where the job's window was moved back to (its last expected slot) when the default
+    window held none of its slots (a weekly job, checked by a daily window)."""
 
     def counts(self) -> dict[str, int]:
         """How many slots of each fate."""
@@ -132,7 +135,8 @@ class JobVerdict:
         fates = ", ".join(f"{n} {fate}" for fate, n in counted)
         n = len(self.findings)
         tail = "all accounted for" if not n else f"{n} finding{'s' if n != 1 else ''}"
-        return f"{self.job}: {len(self.slots)} slots ({fates or 'none'}): {tail}"
+        since = f" since {_at(self.widened)}, its last expected slot" if self.widened else ""
+        return f"{self.job}: {len(self.slots)} slots{since} ({fates or 'none'}): {tail}"
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class Verdict:
                 {
                     "job": j.job,
                     "first_seen": _iso(j.first_seen),
+                    "since": _iso(j.widened),
                     "counts": j.counts(),
                     "slots": [_slot_json(s) for s in j.slots],
                 }
@@ -228,8 +233,11 @@ class _Index:
         )
 
 
-def verify_job(ledger: JobLedger, now: datetime, leeway: timedelta = LEEWAY) -> JobVerdict:
-    """The fate of each slot of `ledger.slots`, and the findings, at database time `now`."""
+def verify_job(
+    ledger: JobLedger, now: datetime, leeway: timedelta = LEEWAY, widened: datetime | None = None
+) -> JobVerdict:
+    """The fate of each slot of `ledger.slots`, and the findings, at database time `now`
+    (`widened`: where the app moved the job's window back to, to hold its last slot)."""
     index = _Index.of(ledger)
     fates: list[SlotFate] = []
     findings: list[Finding] = []
@@ -238,7 +246,7 @@ def verify_job(ledger: JobLedger, now: datetime, leeway: timedelta = LEEWAY) -> 
         fate, found = _slot(ledger, index, slot, key, now, leeway)
         fates.append(fate)
         findings.extend(found)
-    return JobVerdict(ledger.job, tuple(fates), tuple(findings), ledger.first_seen)
+    return JobVerdict(ledger.job, tuple(fates), tuple(findings), ledger.first_seen, widened)
 
 
 def _slot(
@@ -458,3 +466,17 @@ def unrunnable_findings(unrunnable: Mapping[str, int] | None) -> list[Finding]:
         )
         found.append(Finding("unrunnable", None, message))
     return found
+
+
+def no_worker_findings(waiting: tuple[int, datetime] | None) -> list[Finding]:
+    """A finding for the tasks that came due while no worker at all is live: they wait, and
+    nothing will run them until a worker starts."""
+    if waiting is None:
+        return []
+    n, oldest = waiting
+    message = (
+        f"{n} task{'s' if n != 1 else ''} due since {_at(oldest)} wait{'' if n != 1 else 's'} "
+        "and no worker is live (none announced itself lately): nothing runs them until an "
+        "`oncely worker` starts"
+    )
+    return [Finding("no_worker", None, message)]

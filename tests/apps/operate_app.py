@@ -2,8 +2,9 @@
 (job, slot, replica), so a test counts effects, not log lines.
 
 - `tick`: every second, catch_up="all" (a paused slot that came back would be caught up);
-- `hourly`: every hour, for backfills;
-- `boom`: raises; `slow`: writes, then sleeps past its 0.5 s timeout; `slow_sync`: the same
+- `hourly`: every hour, for backfills; `weekly`: Fridays 18:00 in Mexico City;
+- `boom`: raises (given up at its first failure: `RetryPolicy(attempts=1)`); `slow`: writes,
+  then sleeps past its 0.5 s timeout; `slow_sync`: the same
   as a plain `def` (it cannot be interrupted, and must not commit);
 - `hold`: writes, creates "<$ONCELY_TEST_HOLD>.started", then waits for the file
   $ONCELY_TEST_HOLD (a test acts while it runs: cancel, SIGKILL, explain);
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from oncely import Oncely, every
+from oncely import Oncely, RetryPolicy, cron, every
 from oncely.identity import replica_id
 
 app = Oncely()
@@ -63,7 +64,12 @@ def slow_sync(db, now):  # type: ignore[no-untyped-def]
     time.sleep(1.0)
 
 
-@app.job(every(hours=1))
+@app.job(cron("0 18 * * FRI", tz="America/Mexico_City"))
+async def weekly(db, now):  # type: ignore[no-untyped-def]
+    await db.execute(_INSERT, _effect("weekly", now))
+
+
+@app.job(every(hours=1), retry=RetryPolicy(attempts=1))  # given up at its first failure
 async def boom(db, now):  # type: ignore[no-untyped-def]
     await db.execute(_INSERT, _effect("boom", now))
     raise RuntimeError("the upstream answered 503")

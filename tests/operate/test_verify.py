@@ -24,19 +24,57 @@ def slots(answer: dict[str, Any], job: str) -> list[tuple[str, str]]:
     return [(s["slot"], s["fate"]) for s in found["slots"]]
 
 
-def test_a_ledger_whose_slots_ran_or_were_given_up_is_accounted_for(env: Env) -> None:
+def test_a_given_up_slot_is_a_finding_until_an_operator_skips_it(env: Env) -> None:
     assert env.cli("run", "hourly", "--now", SLOT).returncode == 0
     assert env.cli("run", "boom", "--now", SLOT).returncode == 1
-    answer = verify(env, "hourly", "boom", *WINDOW)
-    assert answer["ok"] is True and answer["findings"] == []
-    assert slots(answer, "hourly") == [("2026-11-30T10:00:00+00:00", "ran")]
+    answer = verify(env, "hourly", "boom", *WINDOW, code=1)
     (given_up,) = [s for j in answer["jobs"] if j["job"] == "boom" for s in j["slots"]]
     assert given_up["fate"] == "given_up"
-    assert given_up["detail"] == "failed: the upstream answered 503"
+    assert given_up["detail"] == "given up after 1 attempt (failed: the upstream answered 503)"
+    assert [f["kind"] for f in answer["findings"]] == ["given_up"]
+    text = env.cli("verify", "hourly", "boom", *WINDOW)
+    assert text.returncode == 1
+    assert "[given_up] boom slot 2026-11-30T10:00:00+00:00 did not run: given up" in text.stdout
+    assert f"`oncely skip boom {SLOT} --reason TEXT`" in text.stdout
+    skip = env.cli("skip", "boom", SLOT, "--reason", "the upstream is retired", "--actor", "ana")
+    assert skip.returncode == 0, skip.stderr
+    answer = verify(env, "hourly", "boom", *WINDOW)
+    assert answer["ok"] is True and answer["findings"] == []
+    assert slots(answer, "boom") == [("2026-11-30T10:00:00+00:00", "skipped")]
+    (skipped,) = [s for j in answer["jobs"] if j["job"] == "boom" for s in j["slots"]]
+    assert (skipped["by"], skipped["detail"]) == ("ana", "the upstream is retired")
+    audit = env.rows("SELECT action, actor, reason, result FROM oncely_audit")
+    assert ("skip", "ana", "the upstream is retired", "skipped on purpose") in audit
     text = env.cli("verify", "hourly", "boom", *WINDOW)
     assert text.returncode == 0
     assert "hourly: 1 slots (1 ran): all accounted for" in text.stdout
     assert "every expected slot and task is accounted for" in text.stdout
+
+
+def test_skip_refuses_a_slot_that_ran_and_needs_a_reason(env: Env) -> None:
+    assert env.cli("run", "hourly", "--now", SLOT).returncode == 0
+    ran = env.cli("skip", "hourly", SLOT, "--reason", "no")
+    assert ran.returncode == 2 and "ran: nothing to skip" in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+    assert env.cli("skip", "hourly", SLOT).returncode == 2  # --reason is required
+    assert env.rows("SELECT count(*) FROM oncely_attempts WHERE outcome = 'operator_skip'") == [
+        (0,)
+    ]
+
+
+def test_without_a_window_a_weekly_job_is_checked_at_its_last_slot(env: Env) -> None:
+    """The default 24 hours hold no Friday most days: verify reaches back to the job's last
+    expected slot rather than answer "all accounted for" about nothing, and says so."""
+    # The job ran a Friday long ago (verify dates it from its oldest claim), and not since.
+    assert env.cli("run", "weekly", "--now", "2026-10-02T18:00:00-06:00").returncode == 0
+    answer = verify(env, "weekly", code=1)
+    (job,) = answer["jobs"]
+    assert job["since"] is not None
+    assert [s["slot"] for s in job["slots"]][:1] == [job["since"]]
+    assert {s["fate"] for s in job["slots"]} == {"unaccounted"}
+    assert [f["kind"] for f in answer["findings"]] == ["unaccounted"] * len(job["slots"])
+    text = env.cli("verify", "weekly")
+    assert text.returncode == 1 and ", its last expected slot (" in text.stdout
 
 
 def test_a_due_slot_that_did_not_run_is_a_finding(env: Env) -> None:
@@ -100,3 +138,23 @@ def test_explain_says_a_slot_before_the_job_appeared_was_never_expected(env: Env
     assert answer["fields"]["first_seen"] == "2026-11-30T10:00:00+00:00"
     done = env.cli("explain", "hourly", "--slot", "2026-11-30T11:00:00Z", "--json")
     assert json.loads(done.stdout)["answer"] == "no_worker"
+
+
+def test_tasks_due_with_no_live_worker_are_a_finding_and_a_note(env: Env) -> None:
+    """A charge task waits with no worker alive: verify fails and `oncely tasks` says so
+    (before, verify exited 0 and the listing said nothing)."""
+    enqueued = env.cli("enqueue", "chore", "--json", '{"n": 1}')
+    assert enqueued.returncode == 0, enqueued.stderr
+    ago = (
+        "run_at - interval '60 seconds'"
+        if env.db_url.startswith("postgres")
+        else "datetime(run_at, '-60 seconds')"
+    )
+    with env.engine.begin() as conn:  # it has waited for a minute
+        conn.exec_driver_sql(f"UPDATE oncely_tasks SET run_at = {ago}")
+    answer = verify(env, "hourly", *WINDOW, code=1)
+    assert [f["kind"] for f in answer["findings"]] == ["no_worker"]
+    assert "1 task due since" in answer["findings"][0]["message"]
+    listed = env.cli("tasks")
+    assert listed.returncode == 0
+    assert "note: no worker is live, and 1 available task(s) have waited since" in listed.stdout

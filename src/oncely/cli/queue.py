@@ -128,6 +128,7 @@ def _list(
     wanted = TaskState(state) if state else None
     records = obj.call(lambda app: app.list_tasks(wanted, task_name, limit))
     stranded = obj.call(lambda app: app.unrunnable_tasks()) or {}
+    alone = obj.call(lambda app: app.tasks_without_worker())
     if as_json:
         click.echo(render.dumps([render.task_dict(r) for r in records]))
     else:
@@ -135,6 +136,13 @@ def _list(
         render.echo(render.table(headers, render.task_rows(records)))
     for line in _unrunnable_notes(records):
         render.echo(line, err=as_json)
+    if alone is not None:
+        n, oldest = alone
+        render.echo(
+            f"note: no worker is live, and {n} available task(s) have waited since "
+            f"{render.iso(oldest)}: nothing runs them until an `oncely worker` starts",
+            err=as_json,
+        )
     for name, waiting in sorted(stranded.items()):
         if task_name is None or name == task_name:
             render.echo(

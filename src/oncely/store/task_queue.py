@@ -953,6 +953,22 @@ class TaskQueue:
         waiting = await self.db.read(task_queue_sql.waiting_by_task())
         return {name: int(n) for name, n in waiting if name not in live}
 
+    async def without_worker(self, within: float, late: float) -> tuple[int, datetime] | None:
+        """While no worker was seen in the last `within` seconds: how many available tasks
+        have been due for more than `late` seconds, and the oldest one's due time; None if a
+        worker is live, none is that late, or the database has no workers table."""
+        try:
+            live = await self.db.read(task_queue_sql.live_workers(self.dialect.after(-within)))
+        except OncelyError as exc:
+            if self.dialect.is_missing_table(exc.__cause__ or exc):
+                return None
+            raise
+        if live:
+            return None
+        rows = await self.db.read(task_queue_sql.due_waiting(self.dialect.after(-late)))
+        count, oldest = rows[0]
+        return (int(count), oldest) if count else None
+
     # -- the operator's views -----------------------------------------------------------
 
     async def listing(

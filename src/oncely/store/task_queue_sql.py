@@ -921,6 +921,14 @@ def live_worker_ids(since: Any) -> sa.Select[Any]:
     return sa.select(workers.c.id).where(workers.c.seen_at >= since).order_by(workers.c.id)
 
 
+def due_waiting(before: Any) -> Any:
+    """How many available tasks were due at or before `before`, and the oldest run_at."""
+    oldest = sa.func.min(tasks.c.run_at)
+    return sa.select(sa.func.count().label("n"), oldest.label("oldest")).where(
+        tasks.c.state == AVAILABLE, tasks.c.run_at <= before
+    )
+
+
 def waiting_by_task() -> sa.Select[Any]:
     """How many tasks of each name are available (waiting for a worker)."""
     return (
