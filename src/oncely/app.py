@@ -883,6 +883,8 @@ class Oncely:
             records=records,
             pauses=await control.job_pauses(definition.name),
             first_seen=await control.first_seen(definition.name),
+            releases=await control.releases(definition.name, key=at.key),
+            budget=definition.policy.attempts,
         )
         if slot is None and job in self._data_jobs:
             return await self._paused_schedule(job, answer)

@@ -2,11 +2,14 @@
 the attempt records, the pauses, the missed and overlap reports. Pure: the app reads the
 records and hands them here.
 
-The answers, first match wins: ran · running · not_due · the last attempt's end (released:
-it ran but its claim was deleted; failed, timeout, cancelled, or died: its process never
-recorded an end and no longer holds the slot) · paused · overlap · missed (catch-up policy,
-grace, busy past the window) · before_job (no record, and the slot came before the job
-first appeared: never expected) · no_worker.
+The answers, first match wins: ran (and, if an operator released an earlier run, that
+too) · running · not_due · skipped (an operator settled it on purpose) · released (it ran,
+or was given up, and an operator freed it: who ran it, who released it, when, why) · the
+last attempt's end (failed, timeout, cancelled, or died: its process never recorded an end
+and no longer holds the slot; retried by the job's policy, with the attempts left, or given
+up after N attempts) · paused · overlap · missed (catch-up policy, grace, busy past the
+window) · before_job (no record and no release, and the slot came before the job first
+appeared: never expected) · no_worker.
 """
 
 from __future__ import annotations
@@ -15,7 +18,17 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .model import UNRUNNABLE, Attempt, Claim, Explanation, Pause, TaskRecord, TaskState
+from .model import (
+    OPERATOR_SKIP,
+    UNRUNNABLE,
+    Attempt,
+    Claim,
+    Explanation,
+    Pause,
+    Release,
+    TaskRecord,
+    TaskState,
+)
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -69,13 +82,19 @@ def explain_slot(
     records: Sequence[Attempt],
     pauses: Sequence[Pause],
     first_seen: datetime | None = None,
+    releases: Sequence[Release] = (),
+    budget: int | None = None,
 ) -> Explanation:
     """The one answer for a slot, with its sentence and fields; `first_seen`: when the job
-    first appeared (a slot before it with no record was never expected to run)."""
+    first appeared (a slot before it with no record was never expected to run); `releases`:
+    the operators' releases of its key; `budget`: the attempts its retry policy allows."""
     attempts = tuple(r for r in records if r.started_at is not None)
     base: dict[str, Any] = {"job": job, "key": key, "slot": slot}
     head = f"{job} slot {_iso(slot)}"
-    fields: dict[str, Any] = {"attempts": [_attempt_fields(a) for a in attempts]}
+    fields: dict[str, Any] = {
+        "attempts": [_attempt_fields(a) for a in attempts],
+        "releases": [_release_fields(r) for r in releases],
+    }
     failures = [a for a in attempts if a.outcome in _ENDS]
     if claim is not None:
         fields |= {
@@ -84,9 +103,10 @@ def explain_slot(
             "duration_ms": None if claim.duration is None else round(claim.duration * 1000, 1),
         }
         after = f", after {len(failures)} attempts that did not" if failures else ""
+        again = _again(claim, releases)
         sentence = (
             f"{head} ran: claimed by {claim.claimed_by} at {_iso(claim.claimed_at)}, "
-            f"took {_ms(claim.duration)}{after}."
+            f"took {_ms(claim.duration)}{after}.{again}"
         )
         return Explanation(
             **base, answer="ran", sentence=sentence, fields=fields, attempts=attempts
@@ -110,6 +130,9 @@ def explain_slot(
         for a in attempts
         if a.outcome in _ENDS or a.outcome == "ran" or (a.outcome is None and not a.alive)
     ]
+    settled = _settled(base, head, records, ended, releases, fields, attempts)
+    if settled is not None:
+        return settled
     if ended and ended[-1].outcome == "ran":
         a = ended[-1]
         fields |= {"by": a.replica, "at": _iso(a.started_at)}
@@ -121,7 +144,7 @@ def explain_slot(
             **base, answer="released", sentence=sentence, fields=fields, attempts=attempts
         )
     if ended:
-        return _ended(base, head, ended, fields, attempts)
+        return _ended(base, head, ended, fields, attempts, budget)
     for p in reversed(pauses):
         if p.paused_at <= slot and (p.resumed_at is None or slot < p.resumed_at):
             fields |= {
@@ -167,7 +190,7 @@ def explain_slot(
         return Explanation(
             **base, answer="missed", sentence=sentence, fields=fields, attempts=attempts
         )
-    if first_seen is not None and slot < first_seen:
+    if first_seen is not None and slot < first_seen and not records:
         fields |= {"first_seen": _iso(first_seen)}
         sentence = (
             f"{head} came before the job first appeared (at {_iso(first_seen)}): it was never "
@@ -185,18 +208,57 @@ def explain_slot(
     )
 
 
+def _settled(
+    base: dict[str, Any],
+    head: str,
+    records: Sequence[Attempt],
+    ended: list[Attempt],
+    releases: Sequence[Release],
+    fields: dict[str, Any],
+    attempts: tuple[Attempt, ...],
+) -> Explanation | None:
+    """An operator's word on a slot that has no claim: skipped on purpose, or released
+    after its last ended attempt (who ran it, who freed it, why); None if neither."""
+    job, key, slot = base["job"], base["key"], base["slot"]
+    skips = [r for r in records if r.outcome == OPERATOR_SKIP and r.final]
+    if skips:
+        s = skips[-1]
+        fields |= {"by": s.replica, "at": _iso(s.finished_at), "reason": s.error}
+        sentence = (
+            f"{head} was skipped on purpose by {s.replica} at {_iso(s.finished_at)}: "
+            f"{s.error}; no replica starts it (`oncely release {job} {key}` undoes it)."
+        )
+        return Explanation(
+            **base, answer="skipped", sentence=sentence, fields=fields, attempts=attempts
+        )
+    freed = [r for r in releases if not ended or r.at > (ended[-1].finished_at or slot)]
+    if not freed:
+        return None
+    rel = freed[-1]
+    fields |= {"by": rel.actor, "at": _iso(rel.at), "reason": rel.reason}
+    sentence = (
+        f"{head} was {_released(rel)}: it may run again (a worker's catch-up, `oncely run`, "
+        "or `oncely backfill`)."
+    )
+    return Explanation(
+        **base, answer="released", sentence=sentence, fields=fields, attempts=attempts
+    )
+
+
 def _ended(
     base: dict[str, Any],
     head: str,
     ended: list[Attempt],
     fields: dict[str, Any],
     attempts: tuple[Attempt, ...],
+    budget: int | None = None,
 ) -> Explanation:
     last = ended[-1]
     answer = last.outcome or "died"
     n = len(ended)
     tries = f" ({n} attempts)" if n > 1 else ""
-    free = _fate(last)
+    counted = sum(1 for a in ended if a.final or a.retry_at is not None)
+    free = _fate(last, counted, budget)
     if answer == "failed":
         sentence = (
             f"{head} failed{tries}: the last attempt, by {last.replica} at "
@@ -224,20 +286,53 @@ def _ended(
         "at": _iso(last.started_at),
         "given_up": last.final,
         "retry_at": _iso(last.retry_at),
+        "attempts_counted": counted,
+        "attempts_left": None if budget is None or last.final else max(budget - counted, 0),
     }
     return Explanation(**base, answer=answer, sentence=sentence, fields=fields, attempts=attempts)
 
 
-def _fate(last: Attempt) -> str:
-    """What the last ended attempt left its slot as."""
+def _fate(last: Attempt, counted: int, budget: int | None) -> str:
+    """What the last ended attempt left its slot as: given up after N attempts (and what
+    settles it), retried at T (with the attempts left), or free."""
     if last.final:
+        after = f" after {counted} attempt{'s' if counted != 1 else ''}" if counted else ""
         return (
-            f"rolled back; given up: no replica starts it again (`oncely release {last.job} "
-            f"{last.key}` frees it)"
+            f"rolled back; given up{after}: no replica starts it again (`oncely release "
+            f"{last.job} {last.key}` runs it again, `oncely skip {last.job} {last.key} "
+            "--reason TEXT` settles it as skipped on purpose)"
         )
     if last.retry_at is not None:
-        return f"rolled back; the job's retry policy runs it again at {_iso(last.retry_at)}"
+        left = ""
+        if budget is not None:
+            n = max(budget - counted, 0)
+            left = f" ({n} of {budget} attempt{'s' if budget != 1 else ''} left)"
+        return (
+            f"rolled back; the job's retry policy runs it again at {_iso(last.retry_at)}"
+            f"{left}; `oncely run` retries it now"
+        )
     return "rolled back, the slot is free"
+
+
+def _again(claim: Claim, releases: Sequence[Release]) -> str:
+    """' It ran again after it was released …' when an operator released an earlier run."""
+    earlier = [r for r in releases if r.at <= claim.claimed_at]
+    return f" It ran again after it was {_released(earlier[-1])}." if earlier else ""
+
+
+def _released(release: Release) -> str:
+    """'released (ran at T by R) by X at T2 (reason)'."""
+    why = f" ({release.reason})" if release.reason else ""
+    return f"{release.result} by {release.actor} at {_iso(release.at)}{why}"
+
+
+def _release_fields(release: Release) -> dict[str, Any]:
+    return {
+        "at": _iso(release.at),
+        "by": release.actor,
+        "reason": release.reason,
+        "result": release.result,
+    }
 
 
 def explain_task(rec: TaskRecord, cancel: tuple[datetime, str] | None) -> tuple[str, str]:

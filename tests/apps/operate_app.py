@@ -2,7 +2,8 @@
 (job, slot, replica), so a test counts effects, not log lines.
 
 - `tick`: every second, catch_up="all" (a paused slot that came back would be caught up);
-- `hourly`: every hour, for backfills; `weekly`: Fridays 18:00 in Mexico City;
+- `hourly`: every hour, for backfills; `weekly`: Fridays 18:00 in Mexico City; `flaky`:
+  raises (the default retry policy);
 - `boom`: raises (given up at its first failure: `RetryPolicy(attempts=1)`); `slow`: writes,
   then sleeps past its 0.5 s timeout; `slow_sync`: the same
   as a plain `def` (it cannot be interrupted, and must not commit);
@@ -67,6 +68,12 @@ def slow_sync(db, now):  # type: ignore[no-untyped-def]
 @app.job(cron("0 18 * * FRI", tz="America/Mexico_City"))
 async def weekly(db, now):  # type: ignore[no-untyped-def]
     await db.execute(_INSERT, _effect("weekly", now))
+
+
+@app.job(every(hours=1))  # the default retry policy: 5 attempts from 3 s
+async def flaky(db, now):  # type: ignore[no-untyped-def]
+    await db.execute(_INSERT, _effect("flaky", now))
+    raise ConnectionError("the upstream is down")
 
 
 @app.job(every(hours=1), retry=RetryPolicy(attempts=1))  # given up at its first failure

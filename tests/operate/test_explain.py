@@ -37,19 +37,60 @@ def test_a_slot_that_ran(env: Env) -> None:
 
 def test_a_slot_whose_job_raised_is_given_up_then_released(env: Env) -> None:
     assert env.cli("run", "boom", "--now", SLOT).returncode == 1
-    assert env.cli("run", "boom", "--now", SLOT).returncode == 0  # given up: not started
+    spent = env.cli("run", "boom", "--now", SLOT)  # given up: not started, and loud
+    assert spent.returncode == 1 and "given up after 1 attempt" in spent.stderr
     answer = explain(env, "boom")
     assert answer["answer"] == "failed", answer
     assert [(a["outcome"], a["error_class"], a["error"]) for a in answer["attempts"]] == [
         ("failed", "RuntimeError", "the upstream answered 503")
     ]
     assert answer["attempts"][0]["given_up"] is True
-    assert "given up: no replica starts it again (`oncely release boom" in answer["sentence"]
-    assert env.cli("release", "boom", SLOT).returncode == 0
+    assert (
+        "given up after 1 attempt: no replica starts it again (`oncely release boom"
+        in (answer["sentence"])
+    )
+    assert "`oncely skip boom " in answer["sentence"]
+    released = env.cli("release", "boom", SLOT, "--actor", "ana", "--reason", "fixed upstream")
+    assert released.returncode == 0
+    answer = explain(env, "boom")
+    assert answer["answer"] == "released", answer
+    assert "was released (given up) by ana at " in answer["sentence"]
+    assert "(fixed upstream): it may run again" in answer["sentence"]
     assert env.cli("run", "boom", "--now", SLOT).returncode == 1  # released: it runs again
     answer = explain(env, "boom")
     assert "failed (2 attempts)" in answer["sentence"] and "given up" in answer["sentence"]
     assert env.effects("boom") == []  # rolled back: guarantee 2 stands
+
+
+def test_a_slot_that_ran_and_was_released_keeps_its_history(env: Env) -> None:
+    """A released slot is never "before the job": who ran it and who freed it are kept,
+    and a run after the release says so."""
+    assert env.cli("run", "hourly", "--now", SLOT).returncode == 0
+    with env.engine.begin() as conn:  # the job's recorded first appearance comes later
+        conn.exec_driver_sql("DELETE FROM oncely_jobs")
+    assert env.cli("run", "hourly", "--now", "2026-11-30T12:00:00Z").returncode == 0
+    freed = env.cli("release", "hourly", SLOT, "--actor", "ana", "--reason", "wrong total")
+    assert freed.returncode == 0
+    answer = explain(env, "hourly")
+    assert answer["answer"] == "released", answer
+    assert " was released (ran at 20" in answer["sentence"]
+    assert " by ana at " in answer["sentence"] and "(wrong total)" in answer["sentence"]
+    (release,) = answer["fields"]["releases"]
+    assert (release["by"], release["reason"]) == ("ana", "wrong total")
+    assert env.cli("run", "hourly", "--now", SLOT).returncode == 0
+    answer = explain(env, "hourly")
+    assert answer["answer"] == "ran"
+    assert "It ran again after it was released (ran at " in answer["sentence"]
+
+
+def test_a_failed_slot_waits_for_its_retry_with_the_attempts_left(env: Env) -> None:
+    """A job without `retry=` retries a failed slot (5 attempts): explain says when, and how
+    many attempts are left."""
+    assert env.cli("run", "flaky", "--now", SLOT).returncode == 1
+    answer = explain(env, "flaky")
+    assert answer["answer"] == "failed", answer
+    assert answer["fields"]["attempts_left"] == 4 and answer["fields"]["retry_at"]
+    assert "(4 of 5 attempts left); `oncely run` retries it now" in answer["sentence"]
 
 
 def test_a_slot_that_timed_out(env: Env) -> None:

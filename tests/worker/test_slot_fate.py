@@ -1,6 +1,7 @@
 """A slot's fate across a fleet: three real `oncely worker` processes on Postgres, and a slot
-whose attempt fails, times out or is cancelled is attempted once fleet-wide (given up), or
-exactly as often as the job's retry policy says, counted across the replicas (guarantee 10).
+whose attempt fails or times out under a one-attempt policy, or is cancelled, is attempted once
+fleet-wide (given up), and a failing slot is attempted exactly as often as the job's retry policy
+says, counted across the replicas (guarantee 10).
 
 Each call of the job leaves a file (tests/apps/fleet_fate.py), outside its transaction: the
 tests count calls per slot. A slot is settled once the job's next-but-one slot has begun (the

@@ -454,13 +454,20 @@ class Control:
             if row.outcome is None and row.started_at is not None:
                 alive = await self._holding(row)
             records.append(attempt_from_row(row, alive))
-        releases = []
-        for row in await self.db.read(sql.releases_since(job, since)):
+        return JobLedgerRows(claims, records, await self.releases(job, since))
+
+    async def releases(
+        self, job: str, since: datetime | None = None, key: str | None = None
+    ) -> list[Release]:
+        """The operators' releases of a job's slots (at or after `since`; of one `key`),
+        oldest first, from the audit (refused ones left out)."""
+        found = []
+        for row in await self.db.read(sql.releases_since(job, since, key)):
             target = str(row.target)
             if target.startswith(f"{job} ") and not str(row.result).startswith("refused"):
-                key = target[len(job) + 1 :]
-                releases.append(Release(row.at, key, row.actor, row.reason, str(row.result)))
-        return JobLedgerRows(claims, records, releases)
+                released = target[len(job) + 1 :]
+                found.append(Release(row.at, released, row.actor, row.reason, str(row.result)))
+        return found
 
     # -- pauses -------------------------------------------------------------------------
 

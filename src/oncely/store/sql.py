@@ -598,10 +598,14 @@ def records_between(job: str, since: Any, until: Any) -> sa.Select[Any]:
     )
 
 
-def releases_since(job: str, since: Any) -> sa.Select[Any]:
-    """The operators' releases of a job's slots at or after `since`, oldest first."""
-    return (
-        sa.select(audit.c.at, audit.c.target, audit.c.result, audit.c.actor, audit.c.reason)
-        .where(audit.c.job == job, audit.c.action == "release", audit.c.at >= since)
-        .order_by(audit.c.id)
-    )
+def releases_since(job: str, since: Any, key: str | None = None) -> sa.Select[Any]:
+    """The operators' releases of a job's slots (at or after `since`, if given; of one `key`,
+    if given), oldest first."""
+    stmt = sa.select(
+        audit.c.at, audit.c.target, audit.c.result, audit.c.actor, audit.c.reason
+    ).where(audit.c.job == job, audit.c.action == "release")
+    if since is not None:
+        stmt = stmt.where(audit.c.at >= since)
+    if key is not None:
+        stmt = stmt.where(audit.c.target == f"{job} {key}")
+    return stmt.order_by(audit.c.id)
