@@ -5,7 +5,7 @@
 - `hourly`: every hour, for backfills; `weekly`: Fridays 18:00 in Mexico City; `flaky`:
   raises (the default retry policy);
 - `boom`: raises (given up at its first failure: `RetryPolicy(attempts=1)`); `slow`: writes,
-  then sleeps past its 0.5 s timeout; `slow_sync`: the same
+  then sleeps past its 0.5 s timeout (both given up at their first timeout); `slow_sync`: the same
   as a plain `def` (it cannot be interrupted, and must not commit);
 - `hold`: writes, creates "<$ONCELY_TEST_HOLD>.started", then waits for the file
   $ONCELY_TEST_HOLD (a test acts while it runs: cancel, SIGKILL, explain);
@@ -56,10 +56,13 @@ app.job(every(hours=1), name="hourly")(_ticker("hourly"))
 app.job(every(seconds=1), name="overlapper")(_ticker("overlapper", 2.5))
 app.job(every(seconds=1), name="lagging")(_ticker("lagging"))
 app.job(every(seconds=1), name="graceless", grace=timedelta(microseconds=1))(_ticker("graceless"))
-app.job(every(hours=1), name="slow", timeout=timedelta(seconds=0.5))(_ticker("slow", 10))
+ONCE = RetryPolicy(attempts=1)  # given up at the first failure or timeout
+app.job(every(hours=1), name="slow", timeout=timedelta(seconds=0.5), retry=ONCE)(
+    _ticker("slow", 10)
+)
 
 
-@app.job(every(hours=1), timeout=timedelta(seconds=0.3))
+@app.job(every(hours=1), timeout=timedelta(seconds=0.3), retry=ONCE)
 def slow_sync(db, now):  # type: ignore[no-untyped-def]
     db.execute(_INSERT, _effect("slow_sync", now))
     time.sleep(1.0)

@@ -121,7 +121,7 @@ def test_run_wait_on_a_busy_slot(env: dict[str, str], tmp_path: Path) -> None:
         cancel = cli("cancel", "hold", "--slot", SLOT, "--json", env=env)
         assert json.loads(cancel.stdout)["status"] == "cancel requested"
         assert holder.wait(60) == 1  # the cancel rolled the holder back
-        given_up = cli("run", "hold", "--now", SLOT, "--json", env=env)
+        given_up = cli("run", "hold", "--now", SLOT, "--json", env=env, code=1)
         assert json.loads(given_up.stdout)["status"] == "given_up"  # a cancel is final
         key = json.loads(given_up.stdout)["key"]
         assert "given up" in cli("release", "hold", key, env=env).stdout

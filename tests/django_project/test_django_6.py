@@ -94,7 +94,7 @@ def test_the_django_project_suite_passes_on_django_6(
     pypi: None, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     python = python312()
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     where = cache.mkdir("django6") if cache is not None else tmp_path
     bin_ = django6_venv(python, Path(where))
     probe = "import django, oncely; print(django.VERSION[0], oncely.__file__)"

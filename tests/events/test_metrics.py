@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from oncely import ConfigError, Oncely, cron, events, metrics
+from oncely import ConfigError, Oncely, RetryPolicy, cron, events, metrics
 
 FRIDAY = datetime(2026, 11, 27, 18, 0, tzinfo=timezone(timedelta(hours=-6)))
 
@@ -44,7 +44,7 @@ def build_app(db_url: str, release: asyncio.Event, holding: asyncio.Event) -> On
     async def close(db, now):  # type: ignore[no-untyped-def]
         await db.execute(sa.text("INSERT INTO effects (what) VALUES ('paid')"))
 
-    @app.job(friday)
+    @app.job(friday, retry=RetryPolicy(attempts=1))  # given up at its first failure
     async def explode(db, now):  # type: ignore[no-untyped-def]
         raise RuntimeError("boom")
 

@@ -7,8 +7,10 @@ a double effect is countable: `fleet_job_effects (job, slot)` per slot run,
 
 - `tick_all`: every second, catch_up="all" (grace 5 min);
 - `tick_latest`: every second, catch_up="latest";
-- `flaky`: every 2 s; raises on every third slot (a given-up slot by the model);
-- `timeouty`: every 3 s, 0.4 s timeout; sleeps past it on every third slot;
+- `flaky`: every 2 s; raises at the first attempt of every third slot (a transient error: the
+  default retry policy runs the slot again, on whichever replica, and it runs once);
+- `timeouty`: every 3 s, 0.4 s timeout; sleeps past it at the first attempt of every third
+  slot (retried the same way);
 - `slow`: every 4 s, takes 2.5 s (the operator cancels it now and then);
 - tasks `work(n)` and `limited(n)` (concurrency 1 in the database), `work_v2(n)` (v2);
 - task `scheduled(name)`: what the fleet's schedules kept as data enqueue at each slot;
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import sqlalchemy as sa
 
@@ -50,6 +52,17 @@ def _third(slot: datetime, period: int) -> bool:
     return int(slot.timestamp()) // period % 3 == 0
 
 
+_ENDED = sa.text(
+    "SELECT count(*) FROM oncely_attempts WHERE job = :j AND key = :k AND outcome IS NOT NULL"
+)
+
+
+async def _first_attempt(db, name: str, slot: datetime) -> bool:  # type: ignore[no-untyped-def]
+    """No attempt of this slot has ended before (this one's start row holds no outcome yet)."""
+    key = slot.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return int((await db.execute(_ENDED, {"j": name, "k": key})).scalar_one()) == 0
+
+
 @app.job(every(seconds=1), catch_up="all", grace=timedelta(minutes=5))
 async def tick_all(db, now):  # type: ignore[no-untyped-def]
     await _effect(db, "tick_all", now)
@@ -63,14 +76,14 @@ async def tick_latest(db, now):  # type: ignore[no-untyped-def]
 @app.job(every(seconds=2))
 async def flaky(db, now):  # type: ignore[no-untyped-def]
     await _effect(db, "flaky", now)
-    if _third(now, 2):
+    if _third(now, 2) and await _first_attempt(db, "flaky", now):
         raise RuntimeError("flaky: the upstream answered 503")
 
 
 @app.job(every(seconds=3), timeout=timedelta(seconds=0.4))
 async def timeouty(db, now):  # type: ignore[no-untyped-def]
     await _effect(db, "timeouty", now)
-    if _third(now, 3):
+    if _third(now, 3) and await _first_attempt(db, "timeouty", now):
         await asyncio.sleep(1.0)
 
 

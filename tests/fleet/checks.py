@@ -137,6 +137,7 @@ def check(fleet: Fleet, history: History) -> Report:
     _task_effects(fleet, history, report)
     _schedules(fleet, history, report)
     _workers(fleet, report)
+    _on_time(fleet, report)
     _groups(fleet, report)
     _burnt(fleet, report)
     seen = {name for (name,) in fleet.rows("SELECT name FROM oncely_jobs")}
@@ -271,6 +272,18 @@ def _workers(fleet: Fleet, report: Report) -> None:
     ]
     detail = f"never started: {', '.join(silent)}" if silent else f"all {len(fleet.workers)}"
     report.checks.append(Check("workers started", not silent, detail))
+
+
+def _on_time(fleet: Fleet, report: Report) -> None:
+    """That no slot was claimed before its time by the database's clock (the claim's
+    `claimed_at` is the database's time; a worker's clock is corrected to it)."""
+    early = fleet.rows(
+        "SELECT job, key, scheduled_for, claimed_at FROM oncely_runs "
+        "WHERE scheduled_for IS NOT NULL AND claimed_at < scheduled_for ORDER BY claimed_at"
+    )
+    shown = [f"{j} {k} claimed at {utc(c).isoformat()}" for j, k, _, c in early]
+    detail = _sample(shown) if shown else "every claim at or after its slot's time"
+    report.checks.append(Check("claimed on time", not early, detail))
 
 
 def _groups(fleet: Fleet, report: Report) -> None:

@@ -325,6 +325,7 @@ class Fleet:
                 if record.state != "paused":
                     await self.app.schedules.pause(record.name, reason="the end", by="fleet")
             await self.drain()
+            await self._settle_cancelled()
             self.history.stopped = await self.db_now()
             monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -348,6 +349,20 @@ class Fleet:
                 w.version = 2
                 w.start()
                 await self.note("deploy", f"worker {w.index} restarted on v2 (the end)", "ok")
+
+    async def _settle_cancelled(self) -> None:
+        """A cancel gives its slot up: `verify` reports it until an operator settles it. The
+        fleet's operator answers its own cancels as an operator would: skipped on purpose."""
+        rows = self.rows(
+            "SELECT DISTINCT job, key FROM oncely_attempts WHERE outcome = 'cancelled' AND final"
+        )
+        for job, key in rows:
+            try:
+                await self.app.skip_slot(job, key, reason="cancelled by the fleet", actor="fleet")
+            except BadInputError as exc:  # released since, and ran: nothing to settle
+                await self.note("skip", f"{job} {key}", f"refused: {exc}")
+                continue
+            await self.note("skip", f"{job} {key}", "skipped on purpose")
 
     async def drain(self, timeout: float = 90.0) -> None:
         """Wait (polling, with a deadline) until no task is available or running."""

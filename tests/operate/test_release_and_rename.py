@@ -143,12 +143,12 @@ def test_rename_bad_input_is_exit_2(db_url: str, args: list[str]) -> None:
 async def test_rename_carries_a_given_up_slot_to_the_new_name(db_url: str) -> None:
     """A slot given up under OLD stays given up under NEW: its end record moves with the
     claims, so the renamed job does not start it again."""
-    from oncely import Oncely, every
+    from oncely import Oncely, RetryPolicy, every
 
     app = Oncely(db_url)
     slot = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
 
-    @app.job(every(minutes=1))
+    @app.job(every(minutes=1), retry=RetryPolicy(attempts=1))  # given up at its first failure
     async def flaky(db, now):  # type: ignore[no-untyped-def]
         if now == slot:
             raise RuntimeError("gateway down")
@@ -175,13 +175,13 @@ async def test_rename_carries_a_given_up_slot_to_the_new_name(db_url: str) -> No
 async def test_a_backfill_plan_shows_a_given_up_slot_until_it_is_released(db_url: str) -> None:
     """A backfill does not offer to run a slot whose attempt gave it up: the plan says so, and
     an operator's release makes it a slot the backfill runs."""
-    from oncely import Oncely, every
+    from oncely import Oncely, RetryPolicy, every
 
     app = Oncely(db_url)
     slot = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
     calls: list[datetime] = []
 
-    @app.job(every(minutes=1))
+    @app.job(every(minutes=1), retry=RetryPolicy(attempts=1))  # given up at its first failure
     async def flaky(db, now):  # type: ignore[no-untyped-def]
         calls.append(now)
         if len(calls) == 1:

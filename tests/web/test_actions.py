@@ -4,6 +4,7 @@ error page and changes nothing. SQLite and Postgres."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -108,7 +109,9 @@ async def test_release_deletes_the_claim_and_is_audited(web: Web) -> None:
     r = await board.post("/jobs/hourly/release", key=key)
     assert "released hourly" in await _flash(board, r)
     assert _effects(web, "hourly") == []
-    assert web.audit() == [("release", f"hourly {key}", "ana@ops", "released")]
+    ((action, target, actor, result),) = web.audit()
+    assert (action, target, actor) == ("release", f"hourly {key}", "ana@ops")
+    assert re.fullmatch(r"released \(ran at \S+ by \S+\)", result), result
 
 
 async def test_release_frees_a_given_up_slot_and_is_audited(web: Web) -> None:

@@ -105,13 +105,17 @@ class JobWorker:
     async def _read_clock(self) -> None:
         """Measure how far this host's clock is from the database's (Postgres; 0 on SQLite).
 
-        A replica whose clock is ahead would otherwise run slots early, one behind late.
+        A replica whose clock is ahead would otherwise run slots early, one behind late. The
+        database's time is taken as read at the end of the round trip (whose first part may
+        be a connect), so the corrected clock is never ahead of the database's: a slot is
+        never claimed before its time, at worst one round trip after it.
         """
+        await self.store.database_time()  # the connection is open: the next read is one trip
         before = self._local_now()
         started = time.monotonic()
         db_now = await self.store.database_time()
         elapsed = time.monotonic() - started
-        offset = db_now - (before + timedelta(seconds=elapsed / 2))
+        offset = db_now - (before + timedelta(seconds=elapsed))
         self._offset_read_at = time.monotonic()
         if abs(offset - self._offset) > CLOCK_REPORT_DRIFT:
             events.emit(
