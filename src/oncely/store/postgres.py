@@ -404,8 +404,9 @@ class PostgresDialect(Dialect):
         on_notify: Callable[[str], None],
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
+        on_refused: Callable[[BaseException], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        return listen_tasks(engine, on_notify, on_lost, prober)
+        return listen_tasks(engine, on_notify, on_lost, prober, on_refused)
 
     def owns_connection(self, conn: object) -> bool:
         return isinstance(conn, asyncpg.Connection)
