@@ -1,10 +1,11 @@
 """The fleet checker's long form: N real `oncely worker` processes against one database, a
 seeded random schedule of operator actions (pause, resume, backfill, two backfills at once,
 release, cancel, rename, a run of a future slot, a deploy of a new app version) and faults
-(SIGKILL and restart, SIGSTOP past the lease, cut connections, and with `--db cluster` a
-restart of a Postgres cluster of the run's own), then every slot and task
-checked against the fate model (tests/fleet/checks.py). Prints each check and one summary
-line; exit 0 if every check passed, 1 otherwise.
+(SIGKILL and restart, SIGSTOP past the lease, cut connections, and with `--db cluster`
+restarts of a Postgres cluster of the run's own, `-m fast` and `-m immediate`), then every
+slot and task checked against the fate model (tests/fleet/checks.py), and every worker
+process that exited on its own during the run reported among the workers that died. Prints
+each check and one summary line; exit 0 if every check passed, 1 otherwise.
 
     PYTHONPATH=src python scripts/fleet.py [--seed 7] [--workers 3] [--duration 600]
         [--db postgres|cluster|sqlite] [--faults/--no-faults] [--out DIR]
@@ -36,8 +37,8 @@ def main() -> int:
         choices=("postgres", "cluster", "sqlite"),
         default="postgres",
         help="postgres: a database on the server of $ONCELY_TEST_POSTGRES_URL; cluster: a "
-        "Postgres cluster of the run's own, which the `restart` fault restarts (root, Debian's "
-        "pg_createcluster); sqlite: a file",
+        "Postgres cluster of the run's own, which the `restart` and `restart_immediate` faults "
+        "restart (root, Debian's pg_createcluster); sqlite: a file",
     )
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--lease", type=float, default=3.0, help="the workers' task lease")

@@ -36,15 +36,35 @@ class Cluster:
         """The `postgres` database of the cluster, as a plain postgresql:// URL."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
-    def ctl(self, action: str) -> None:
-        """pg_ctlcluster ACTION (start, stop, restart) for this cluster, waiting for it."""
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name, action],
-            check=True,
-            capture_output=True,
-        )
-        if action != "stop":
+    def ctl(self, action: str, mode: str | None = None, *, wait: bool = True) -> None:
+        """pg_ctlcluster ACTION (start, stop, restart) for this cluster, in shutdown `mode`
+        (smart, fast, immediate) if given, then waiting for it to accept connections (unless
+        `wait` is false or it was stopped)."""
+        argv = ["pg_ctlcluster", "--skip-systemctl-redirect"]
+        argv += ["--mode", mode] if mode is not None else []
+        subprocess.run([*argv, self.version, self.name, action], check=True, capture_output=True)
+        if action != "stop" and wait:
             self.wait_ready()
+
+    def hold_starting_up(self) -> None:
+        """Stop the server at once (`-m immediate`, if it runs) and start it in a recovery
+        that does not end: a standby with `hot_standby = off` and nothing to replay refuses
+        every connection with SQLSTATE 57P03 ("the database system is not accepting connections")
+        until `promote`, as a server starting up does for a moment."""
+        conf = PG_CONF / self.version / self.name / "postgresql.conf"
+        if "hot_standby = off" not in conf.read_text():
+            with conf.open("a") as out:
+                out.write("\nhot_standby = off\n")
+        stop = ["pg_ctlcluster", "--skip-systemctl-redirect", "--mode", "immediate"]
+        subprocess.run([*stop, self.version, self.name, "stop"], check=False, capture_output=True)
+        data = Path(f"/var/lib/postgresql/{self.version}/{self.name}")
+        (data / "standby.signal").touch()
+        shutil.chown(data / "standby.signal", "postgres", "postgres")
+        self.ctl("start", wait=False)
+
+    def promote(self) -> None:
+        """End the recovery `hold_starting_up` began: the server accepts connections again."""
+        self.ctl("promote")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout

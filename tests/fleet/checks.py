@@ -12,6 +12,9 @@ The checks, each pass or fail with its evidence:
   --force, a slot not yet due through the API);
 - `task effects once`: each enqueued idempotency key took effect exactly once;
 - `workers started`: every worker logged its start in some incarnation;
+- `workers that died`: no worker process exited on its own during the run (only the
+  harness's stops and SIGKILLs end one): an outage, a restart of the server, a cut
+  connection are waited out, never a reason to exit;
 - `grouped tasks`: the workers started with `--group` (the odd-numbered ones, on Postgres)
   ran tasks in groups, so that the check above covered groups under the same faults;
 - `older releases burn nothing`: no task attempt failed because the worker that leased it
@@ -138,6 +141,9 @@ def check(fleet: Fleet, history: History) -> Report:
     _schedules(fleet, history, report)
     _workers(fleet, report)
     _on_time(fleet, report)
+    died = history.died
+    detail = _sample(died, 3) if died else "none: every exit was the harness's stop or kill"
+    report.checks.append(Check("workers that died", not died, detail))
     _groups(fleet, report)
     _burnt(fleet, report)
     seen = {name for (name,) in fleet.rows("SELECT name FROM oncely_jobs")}

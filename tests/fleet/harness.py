@@ -57,8 +57,10 @@ BACKLOG = 40
 """The tasks enqueued before the workers start (`grouped_work` where a worker runs groups)."""
 SCHEDULES = ("s1", "s2", "s3")
 """The names the fleet's schedules kept as data take (`s1` exists from the start)."""
-FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3, "restart": 2}
-"""Faults and their weights (`cut`: Postgres only; `restart`: a cluster of the fleet's own)."""
+FAULTS: dict[str, int] = {"kill": 4, "stop": 3, "cut": 3, "restart": 2, "restart_immediate": 2}
+"""Faults and their weights (`cut`: Postgres only; `restart` (`-m fast`) and
+`restart_immediate` (`-m immediate`: every backend killed, the server recovering as after a
+crash): a cluster of the fleet's own)."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class Options:
     lease: float = 3.0
     step: float = 2.0
     """Seconds between two planned actions (a fault is one of them)."""
-    restart: Callable[[], None] | None = None
-    """Restart the fleet's own Postgres cluster (`--db cluster`); None: no such fault."""
+    restart: Callable[[str], None] | None = None
+    """Restart the fleet's own Postgres cluster in a shutdown mode (`fast`, `immediate`)
+    (`--db cluster`); None: no such fault."""
     group: int = 5
     """The odd-numbered workers run with `--group` this (Postgres; 1: none does): with a
     backlog, up to this many tasks in one transaction, a savepoint each."""
@@ -121,6 +124,9 @@ class History:
     removed: dict[str, datetime] = field(default_factory=dict)
     """Each schedule removed, and when (database time, just after the removal committed):
     no slot of it may start after that."""
+    died: list[str] = field(default_factory=list)
+    """Worker processes that exited on their own during the run (not stopped or killed by
+    the harness): each a failure of the check `workers that died`."""
 
     def count(self, kinds: tuple[str, ...] | dict[str, int]) -> int:
         return sum(1 for e in self.entries if e.kind in kinds)
@@ -148,7 +154,7 @@ def plan(options: Options) -> list[Step]:
 def _possible(fault: str, options: Options) -> bool:
     if fault == "cut":
         return options.postgres
-    if fault == "restart":
+    if fault in ("restart", "restart_immediate"):
         return options.restart is not None
     return True
 
@@ -179,6 +185,8 @@ class Worker:
         self.fleet, self.index, self.gen, self.version = fleet, index, 0, 1
         self.proc: subprocess.Popen[str] | None = None
         self.stopped = False
+        self.ending = False
+        """Whether the harness stops or kills the running incarnation (its exit is ours)."""
 
     @property
     def grouped(self) -> bool:
@@ -196,6 +204,7 @@ class Worker:
         a second process would run untracked, past the run's end."""
         if self.proc is not None and self.proc.poll() is None:
             return
+        self.check_alive()
         self.gen += 1
         log = (self.fleet.options.run_dir / f"{self.replica}.log").open("w")
         env = {
@@ -222,6 +231,27 @@ class Worker:
                 stderr=subprocess.STDOUT,
             )
         self.stopped = False
+        self.ending = False
+
+    def check_alive(self) -> None:
+        """Record the running incarnation as dead if it exited on its own (the harness
+        neither stopped nor killed it), once: with its exit code and its last log line."""
+        proc = self.proc
+        if proc is None or self.ending or proc.poll() is None:
+            return
+        self.ending = True  # recorded once
+        log = self.fleet.options.run_dir / f"{self.replica}.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        last = lines[-1] if lines else ""
+        self.fleet.history.died.append(f"{self.replica} exited {proc.returncode}: {last}")
+
+    def kill(self) -> None:
+        """SIGKILL the running incarnation (a fault: its exit is the harness's)."""
+        self.check_alive()
+        self.ending = True
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -231,6 +261,8 @@ class Worker:
         """SIGTERM (SIGCONT first, if stopped), then wait; SIGKILL if it does not exit."""
         if self.proc is None:
             return None
+        self.check_alive()
+        self.ending = True
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGTERM)
         try:
@@ -394,6 +426,8 @@ class Fleet:
         worker stalled) frees its place while its row still reads `running` until a worker
         rescues it. The clock is read first, so a lease that runs out meanwhile still counts."""
         while True:
+            for w in self.workers:  # a worker that exits on its own is a finding
+                w.check_alive()
             now = await self.db_now()
             leases = self.rows(
                 "SELECT lease_expires_at FROM oncely_tasks"
@@ -637,9 +671,7 @@ class Fleet:
     async def _do_kill(self, rng: random.Random) -> None:
         """SIGKILL a worker, then start it again a second later."""
         w = self._worker(rng)
-        w.signal(signal.SIGKILL)
-        if w.proc is not None:
-            w.proc.wait()
+        w.kill()
         await self.note("kill", w.replica, "SIGKILL")
         self._later(1.0, w.start)
 
@@ -664,13 +696,19 @@ class Fleet:
             await app.store.engine.dispose()
         await self.note("cut", f"{rows[0][0]} connections", "terminated")
 
-    async def _do_restart(self, rng: random.Random) -> None:
+    async def _do_restart(self, rng: random.Random, mode: str = "fast") -> None:
         """Restart the fleet's own Postgres cluster (never the shared server)."""
         assert self.options.restart is not None
-        await asyncio.to_thread(self.options.restart)
+        await asyncio.to_thread(self.options.restart, mode)
         for app in (self.app, self.app_v2):
             await app.store.engine.dispose()
-        await self.note("restart", "the fleet's own cluster", "restarted")
+        kind = "restart" if mode == "fast" else f"restart_{mode}"
+        await self.note(kind, "the fleet's own cluster", f"restarted (-m {mode})")
+
+    async def _do_restart_immediate(self, rng: random.Random) -> None:
+        """Restart it with `-m immediate`: every backend killed at once, the server starting
+        up (refusing connections with 57P03) while it recovers."""
+        await self._do_restart(rng, "immediate")
 
 
 @contextlib.contextmanager

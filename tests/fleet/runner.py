@@ -20,10 +20,11 @@ PG_ADMIN_URL = os.environ.get(
 
 
 @contextlib.contextmanager
-def database(db: str, run_dir: Path) -> Iterator[tuple[str, Callable[[], None] | None]]:
-    """A fresh database for one run, and how to restart its server (None: not ours to
-    restart): `postgres` (a database on the shared server, created, dropped after),
-    `cluster` (a Postgres cluster of the run's own, tests/clusters.py) or `sqlite`."""
+def database(db: str, run_dir: Path) -> Iterator[tuple[str, Callable[[str], None] | None]]:
+    """A fresh database for one run, and how to restart its server in a shutdown mode
+    (None: not ours to restart): `postgres` (a database on the shared server, created,
+    dropped after), `cluster` (a Postgres cluster of the run's own, tests/clusters.py) or
+    `sqlite`."""
     if db == "sqlite":
         yield f"sqlite:///{run_dir / 'fleet.db'}", None
         return
@@ -32,7 +33,7 @@ def database(db: str, run_dir: Path) -> Iterator[tuple[str, Callable[[], None] |
             own_cluster("oncely_fleet") as cluster,
             postgres_database(cluster.url, "oncely_fleet") as url,
         ):
-            yield url, lambda: cluster.ctl("restart")
+            yield url, lambda mode: cluster.ctl("restart", mode)
         return
     with postgres_database(PG_ADMIN_URL, f"oncely_fleet_{os.getpid()}") as url:
         yield url, None

@@ -368,9 +368,11 @@ class Notifications:
         on_notify: Callable[[str], None],
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
+        on_refused: Callable[[BaseException], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         """Call `on_notify(key)` whenever tasks are enqueued, while the context is open, and
-        `on_lost()` if the listening connection goes away meanwhile. `key` is the same for
+        `on_lost()` if the listening connection goes away meanwhile (`on_refused(error)` if
+        it could not be opened). `key` is the same for
         every listener of one notification, and varies from one to the next: what idle
         workers take turns by.
 

@@ -96,9 +96,21 @@ _READ_ONLY = "25006"  # read_only_sql_transaction (a standby, default_transactio
 _UNAVAILABLE_PREFIXES = ("08", "28", "3D", "57P", "53300")
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """An error and those it wraps: SQLAlchemy's `orig` (the driver adapter's error, whose own
+    `orig` is asyncpg's) and each one's `__cause__`, a few levels deep."""
+    found: list[BaseException] = []
+    todo: list[object] = [exc]
+    while todo and len(found) < 8:
+        candidate = todo.pop(0)
+        if isinstance(candidate, BaseException) and candidate not in found:
+            found.append(candidate)
+            todo += [getattr(candidate, "orig", None), candidate.__cause__]
+    return found
+
+
 def _sqlstate(exc: BaseException) -> str | None:
-    orig = getattr(exc, "orig", None)
-    for candidate in (exc, orig, getattr(orig, "__cause__", None)):
+    for candidate in _chain(exc):
         code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
         if code:
             return str(code)
@@ -404,8 +416,9 @@ class PostgresDialect(Dialect):
         on_notify: Callable[[str], None],
         on_lost: Callable[[], None] | None = None,
         prober: AsyncEngine | None = None,
+        on_refused: Callable[[BaseException], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
-        return listen_tasks(engine, on_notify, on_lost, prober)
+        return listen_tasks(engine, on_notify, on_lost, prober, on_refused)
 
     def owns_connection(self, conn: object) -> bool:
         return isinstance(conn, asyncpg.Connection)
@@ -529,8 +542,17 @@ class PostgresDialect(Dialect):
         return _sqlstate(exc) == _MISSING_COLUMN and "oncely_" in str(exc)
 
     def is_unavailable(self, exc: BaseException) -> bool:
-        if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):
-            return True  # asyncpg's "connection is closed"
+        # The server down, restarting or starting up, bare or wrapped by SQLAlchemy: a
+        # connection refused or reset (OSError, a connect timeout too), asyncpg's
+        # "connection is closed", SQLSTATE 08xxx (connection exceptions), 57P01 admin /
+        # 57P02 crash shutdown, 57P03 cannot connect now ("the database system is starting
+        # up", "not yet accepting connections", "shutting down"), and a few more that no
+        # retry of oncely's fixes sooner than the server (28, 3D, 53300).
+        for candidate in _chain(exc):
+            if isinstance(candidate, OSError):
+                return True
+            if isinstance(candidate, asyncpg.InterfaceError) and "closed" in str(candidate):
+                return True
         code = _sqlstate(exc)
         return code is not None and code.startswith(_UNAVAILABLE_PREFIXES)
 

@@ -101,9 +101,11 @@ async def _listen_on(
     probe: bool = False,
     on_lost: Callable[[], None] | None = None,
     prober: AsyncEngine | None = None,
+    on_refused: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[bool]:
     """LISTEN on `channel` on a connection of its own; yield False if that is not possible
-    (logged as a warning naming `what` listens, if given: the caller polls instead). With
+    (logged as a warning naming `what` listens, if given: the caller polls instead; a
+    connection refused goes to `on_refused` instead, if given: an outage it says itself). With
     `probe`, True only once a notification sent from another connection (of `prober`, default
     `engine`: a worker sends it on its control connection, opening no third one) came
     back (`callback` must hand a probe's payload to `_Probe.seen`). `on_lost()` is called
@@ -112,7 +114,9 @@ async def _listen_on(
     try:
         conn = await engine.connect()
     except Exception as exc:  # the caller still polls; its own connections report errors
-        if what:
+        if on_refused is not None:
+            on_refused(exc)
+        elif what:
             log.warning("cannot LISTEN for %s (%s); polling", what, exc)
         yield False
         return
@@ -198,10 +202,12 @@ async def listen_tasks(
     on_notify: Callable[[str], None],
     on_lost: Callable[[], None] | None,
     prober: AsyncEngine | None = None,
+    on_refused: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[bool]:
     """LISTEN for new tasks, checked with a probe (sent from a connection of `prober`);
     yield False (poll only) if that is not possible, or if enqueue notifications are off
-    (`oncely.notify`, read again at each try)."""
+    (`oncely.notify`, read again at each try); `on_refused(error)` if its connection could
+    not be opened."""
 
     def callback(_conn: Any, pid: Any, _channel: Any, payload: Any) -> None:
         if isinstance(payload, str) and payload.startswith(_PROBE):
@@ -216,7 +222,14 @@ async def listen_tasks(
         yield False
         return
     listen = _listen_on(
-        engine, TASKS_CHANNEL, callback, "new tasks", probe=True, on_lost=on_lost, prober=prober
+        engine,
+        TASKS_CHANNEL,
+        callback,
+        "new tasks",
+        probe=True,
+        on_lost=on_lost,
+        prober=prober,
+        on_refused=on_refused,
     )
     async with listen as works:
         yield works

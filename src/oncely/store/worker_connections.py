@@ -104,6 +104,11 @@ class WorkerConnections:
         """Whether a statement failed on another transaction's lock (worth a retry soon)."""
         return self._db.is_busy(exc)
 
+    def is_unavailable(self, exc: BaseException) -> bool:
+        """Whether an error means the database cannot be reached now (down, restarting,
+        starting up, a connection it ended): an outage to wait out, not a failure."""
+        return self._db.is_unavailable(exc)
+
     def is_conflict(self, exc: BaseException) -> bool:
         """Whether a task's transaction failed on another writer, not on the task's code."""
         return self._db.dialect.is_conflict(exc)
@@ -126,15 +131,17 @@ class WorkerConnections:
         counted). A lease of tasks with a concurrency or rate limit (`limited`) is several
         statements (and transaction-scoped locks of their groups): a transaction of its own."""
         engine = self._in_transactions if limited else self._control
-        async with engine.connect() as conn:
-            return await self._tasks.fetch(conn, queues, limit, token, by, lease, names, start)
+        with self._db.translate():  # its connect too: a server starting up refuses it
+            async with engine.connect() as conn:
+                return await self._tasks.fetch(conn, queues, limit, token, by, lease, names, start)
 
     async def next_due(
         self, queues: Sequence[str] | None, names: Sequence[str], *, held: bool, since: float
     ) -> tuple[float | None, bool]:
         """Seconds until the next waiting task comes due (see TaskQueue.next_due)."""
-        async with self._control.connect() as conn:
-            return await self._tasks.next_due(conn, queues, names, held=held, since=since)
+        with self._db.translate():
+            async with self._control.connect() as conn:
+                return await self._tasks.next_due(conn, queues, names, held=held, since=since)
 
     async def begin_attempts(self, items: Sequence[Leased]) -> dict[int, int]:
         """Count the attempts of leased-ahead tasks whose bodies start now; {id: attempt} of
@@ -237,9 +244,14 @@ class WorkerConnections:
                 await self._db.dialect.notify_workers(conn, payload)
 
     def listen(
-        self, on_notify: Callable[[str], None], on_lost: Callable[[], None]
+        self,
+        on_notify: Callable[[str], None],
+        on_lost: Callable[[], None],
+        on_refused: Callable[[BaseException], None] | None = None,
     ) -> contextlib.AbstractAsyncContextManager[bool]:
         """LISTEN on the worker's own connection while the context is open; yields whether
         notifications work (a probe, sent on the control connection: no third connection,
-        came back)."""
-        return self._db.dialect.listener(self._listening, on_notify, on_lost, self._control)
+        came back); `on_refused(error)` if that connection could not be opened."""
+        return self._db.dialect.listener(
+            self._listening, on_notify, on_lost, self._control, on_refused
+        )

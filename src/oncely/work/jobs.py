@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from .. import clock, events, tracing
@@ -28,13 +26,10 @@ from ..runner import run_slot
 from ..scheduler import Missed, OverlapSkipped, Paused, Run, Scheduler
 from ..store import Store
 from .options import WorkerOptions
+from .outage import Outage
 
 MAX_SLEEP = 30.0
 """The longest the loop sleeps without looking at the clock again (guards against clock jumps)."""
-OUTAGE_BACKOFF_FIRST = 0.25
-"""Seconds before the first retry after the database became unreachable; doubles each time."""
-OUTAGE_BACKOFF_MAX = 5.0
-"""The longest wait between two tries while the database is unreachable (before jitter)."""
 NOTE_TRIES = 6
 """How many times a worker tries to write the note of a slot it did not start (an overlap, a
 missed range, a pause) before it gives up and says so (`run.note_failed`): on SQLite the write
@@ -53,13 +48,8 @@ CLOCK_REPORT_DRIFT = timedelta(milliseconds=500)
 CLOCK_WARN_OFFSET = timedelta(seconds=2)
 
 Clock = Callable[[], datetime]
-
-
-@dataclass
-class _Outage:
-    since: float
-    tries: int = 0
-    error: str = ""
+PART = "jobs"
+"""This loop, among the parts of a worker that meet an outage."""
 
 
 class JobWorker:
@@ -75,6 +65,7 @@ class JobWorker:
         *,
         now: Clock = clock.utcnow,
         replica: str | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.store = store
         self.stopping = stopping
@@ -90,9 +81,9 @@ class JobWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._notes: set[asyncio.Task[None]] = set()
         """Records of slots not started (overlap, missed), written beside the loop."""
-        self._outage: _Outage | None = None
+        self.outage = outage or Outage(self.replica)
+        """The process's database outage, which this loop reports to as the part "jobs"."""
         self._retries_read_at: float | None = None
-        self._rng = random.Random()
         self.waited_for = 0
         """Attempts running when the worker was asked to stop."""
         self.cancelled = 0
@@ -171,11 +162,7 @@ class JobWorker:
 
     def _backoff(self) -> float:
         """The next wait while the database is unreachable: capped, doubling, jittered."""
-        tries = self._outage.tries if self._outage is not None else 0
-        if self._outage is not None:
-            self._outage.tries += 1
-        backoff = min(OUTAGE_BACKOFF_MAX, OUTAGE_BACKOFF_FIRST * 2.0**tries)
-        return backoff * self._rng.uniform(0.5, 1.5)
+        return self.outage.backoff(PART)
 
     async def _wait_stop(self, seconds: float) -> bool:
         """Wait up to `seconds` for the stop event; whether it is set."""
@@ -184,8 +171,10 @@ class JobWorker:
         return self.stopping.is_set()
 
     async def _tick(self) -> None:
-        if self._offset_read_at is None or (
-            time.monotonic() - self._offset_read_at > CLOCK_CHECK_EVERY
+        if (
+            self._offset_read_at is None
+            or self.outage.failing(PART)  # the probe: is the database back?
+            or time.monotonic() - self._offset_read_at > CLOCK_CHECK_EVERY
         ):
             try:
                 await self._read_clock()
@@ -309,7 +298,7 @@ class JobWorker:
         wake = self.scheduler.next_wake()
         if wake is not None:
             delay = min(delay, max(0.0, (wake - self.now()).total_seconds()))
-        if self._outage is not None:
+        if self.outage.failing(PART):
             delay = max(delay, self._backoff())
         if delay <= 0:
             await asyncio.sleep(0)  # let finished attempts report before the next tick
@@ -339,7 +328,7 @@ class JobWorker:
                     return
                 status, retry_at = await self._attempt_one(job, slot)
                 self.scheduler.finished(job, slot, status, self.now(), retry_at)
-                if status is None and self._outage is not None:
+                if status is None and self.outage.failing(PART):
                     for rest in run.slots[index + 1 :]:
                         self.scheduler.finished(job, rest, None, self.now())
                     return
@@ -371,10 +360,10 @@ class JobWorker:
                     context={"latency_ms": latency_ms},
                     check_pause=True,
                 )
-        except DatabaseUnavailableError as exc:
-            self._unavailable(exc)
-            return None, None
         except Exception as exc:
+            if self.store.is_unavailable(exc):  # the server is down, restarting, starting up
+                self._unavailable(exc)
+                return None, None
             # A driver's error that escaped the store (a connection whose protocol state a
             # stall or a restart left behind) is not the slot's fate: another try, here or in
             # another replica, decides it. A ConfigError or a failing key function is.
@@ -401,26 +390,10 @@ class JobWorker:
     # -- database outages -----------------------------------------------------------------
 
     def _unavailable(self, exc: BaseException) -> None:
-        if self._outage is None:
-            self._outage = _Outage(since=time.monotonic(), error=str(exc))
-            events.emit(
-                "worker.db_unavailable",
-                "the database is unreachable; retrying with backoff",
-                level=logging.WARNING,
-                replica=self.replica,
-                error=str(exc),
-            )
+        self.outage.failed(PART, exc)
 
     def _available(self) -> None:
-        if self._outage is not None:
-            down = time.monotonic() - self._outage.since
-            self._outage = None
-            events.emit(
-                "worker.db_reconnected",
-                "the database is back; catching up",
-                replica=self.replica,
-                down_ms=round(down * 1000, 1),
-            )
+        self.outage.answered(PART)
 
     # -- shutdown -------------------------------------------------------------------------
 

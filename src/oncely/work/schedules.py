@@ -41,6 +41,7 @@ from ..schedules import advancing, job_for
 from ..store import Store
 from ..tasks import TaskRegistry
 from .options import WorkerOptions
+from .outage import Outage
 
 BATCH = 200
 """Due schedules read in one look; more are read at the next one, without waiting."""
@@ -53,6 +54,8 @@ after at most this."""
 HOLD_BUSY = 1.0
 """Seconds a schedule whose slot was busy (a replica runs it) is left alone by this worker."""
 OUTAGE_BACKOFF_MAX = 5.0
+PART = "schedules"
+"""This loop, among the parts of a worker that meet an outage."""
 CLOCK_CHECK_EVERY = 60.0
 _SETTLED = (
     RunStatus.RAN,
@@ -84,6 +87,7 @@ class ScheduleWorker:
         options: WorkerOptions,
         *,
         replica: str | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.store = store
         self.jobs = jobs
@@ -98,6 +102,9 @@ class ScheduleWorker:
         self._held: dict[str, _Hold] = {}
         self._built: dict[tuple[str, int], Job] = {}
         self._unavailable = False
+        """Whether the last look failed (the next one waits longer)."""
+        self.outage = outage or Outage(self.replica)
+        """The process's database outage, which this loop reports to as the part "schedules"."""
         self._rng = random.Random()
         self._slots = asyncio.Semaphore(IN_FLIGHT)
         self.looks = 0
@@ -328,18 +335,23 @@ class ScheduleWorker:
         )
 
     def _outage(self, exc: BaseException) -> None:
-        if not self._unavailable:
-            self._unavailable = True
+        """A statement failed: an outage (said once per process), or another error (said
+        once until a look succeeds); the loop looks again after a longer pause."""
+        if self.store.is_unavailable(exc):
+            self.outage.failed(PART, exc)
+        elif not self._unavailable:
             events.emit(
-                "worker.db_unavailable",
-                "the database is unreachable; retrying with backoff",
-                level=logging.WARNING,
+                "worker.error",
+                "reading the due schedules failed; retrying",
+                level=logging.ERROR,
                 replica=self.replica,
                 error=str(exc),
             )
+        self._unavailable = True
 
     def _back(self) -> None:
         self._unavailable = False
+        self.outage.answered(PART)
 
     async def _shutdown(self) -> None:
         running = set(self._running.values())

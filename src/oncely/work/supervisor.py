@@ -1,8 +1,11 @@
 """The supervisor: runs the scheduled-job loop and the task worker under one stop event.
 
-`serve()` builds each from the store, the registries (jobs, tasks) and one WorkerOptions,
-runs them until the stop event is set (or SIGTERM/SIGINT, when it handles signals), stops the
-others if one fails, and writes the worker's last event, `worker.shutdown`.
+`serve()` waits up to `startup_wait` for a database that does not answer yet (it may be
+starting up), builds each part from the store, the registries (jobs, tasks) and one
+WorkerOptions, runs them until the stop event is set (or SIGTERM/SIGINT, when it handles
+signals), stops the others if one fails, and writes the worker's last event, `worker.shutdown`.
+The parts share one `Outage`: an outage while they run is said once per process, and waited
+out by each part (it never ends the worker).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .. import events
+from ..errors import DatabaseUnavailableError
 from ..identity import replica_id
 from ..registry import Registry
 from ..store import Store
 from ..tasks import TaskRegistry
 from .jobs import JobWorker
 from .options import WorkerOptions
+from .outage import Outage
 from .schedules import ScheduleWorker
 from .tasks import TaskWorker
 
@@ -55,6 +60,7 @@ class _Parts:
         options: WorkerOptions,
     ) -> None:
         self.parts: list[Coroutine[Any, Any, None]] = []
+        self.outage = outage = Outage(replica_id())
         self.job_worker: JobWorker | None = None
         self.task_worker: TaskWorker | None = None
         self.schedule_worker: ScheduleWorker | None = None
@@ -62,14 +68,16 @@ class _Parts:
             [jobs.job(name) for name in options.jobs] if options.jobs is not None else list(jobs)
         )
         if len(tasks) and options.concurrency > 0:
-            self.task_worker = TaskWorker(store, tasks, options)
+            self.task_worker = TaskWorker(store, tasks, options, outage=outage)
         if selected:
-            self.job_worker = JobWorker(store, selected, stopping, options)
+            self.job_worker = JobWorker(store, selected, stopping, options, outage=outage)
             self.parts.append(self.job_worker.run())
         if options.jobs is None and options.schedule_poll and (len(jobs) or len(tasks)):
             # Schedules kept as data run what the app registers: a worker of all jobs
             # looks at them too (one indexed read per poll).
-            self.schedule_worker = ScheduleWorker(store, jobs, tasks, stopping, options)
+            self.schedule_worker = ScheduleWorker(
+                store, jobs, tasks, stopping, options, outage=outage
+            )
             self.parts.append(self.schedule_worker.run())
         if self.task_worker is not None:
             consume = self.task_worker.consume(stopping)
@@ -135,16 +143,49 @@ async def serve(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, _on_signal, stopping, sig)
                 installed.append(sig)
-    running = [asyncio.create_task(part) for part in parts.parts]
     stopped_at: list[float] = []
     watch = asyncio.create_task(_when_set(stopping, stopped_at))
     try:
+        if not await _reachable(store, parts.outage, options.startup_wait, stopping):
+            for part in parts.parts:
+                part.close()  # stopped while waiting: none of them started
+            return
+        running = [asyncio.create_task(part) for part in parts.parts]
         await _until_all_done_or_one_fails(running, stopping)
     finally:
         watch.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
         parts.report(stopped_at[0] if stopped_at else None)
+
+
+async def _reachable(
+    store: Store, outage: Outage, startup_wait: float, stopping: asyncio.Event
+) -> bool:
+    """Wait until the database answers (its schema checked, a write possible), up to
+    `startup_wait` seconds: a worker started while the server is down or starting up says so
+    once (`worker.db_unavailable`) and starts when it answers. DatabaseUnavailableError past
+    the wait; False if stopped meanwhile."""
+    deadline = time.monotonic() + startup_wait
+    while True:
+        try:
+            await store.ensure_schema(writes=True)
+        except DatabaseUnavailableError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            outage.failed(STARTUP, exc, startup_wait_s=startup_wait)
+            wait = min(outage.backoff(STARTUP), max(0.0, deadline - time.monotonic()))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), wait)
+            if stopping.is_set():
+                return False
+            continue
+        outage.answered(STARTUP)
+        return True
+
+
+STARTUP = "startup"
+"""The worker's wait for the database before its parts start, as a part of an outage."""
 
 
 async def _when_set(stopping: asyncio.Event, at: list[float]) -> None:

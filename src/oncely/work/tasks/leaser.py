@@ -11,9 +11,10 @@ import time
 from collections.abc import Sequence
 
 from ... import events
-from ...errors import DatabaseUnavailableError, OncelyError
+from ...errors import OncelyError
 from ...store import Leased, WorkerConnections
 from ..options import WorkerOptions
+from ..outage import Outage
 from . import timing
 from .lanes import Lanes
 from .leases import Leases
@@ -21,6 +22,8 @@ from .listener import Listener
 from .unrunnable import Unrunnable
 
 logger = logging.getLogger("oncely")
+PART = "tasks"
+"""Leasing, among the parts of a worker that meet an outage."""
 
 
 class Leaser:
@@ -37,8 +40,11 @@ class Leaser:
         lanes: Lanes,
         listener: Listener,
         unrunnable: Unrunnable,
+        outage: Outage,
     ) -> None:
         self.conns = conns
+        self.outage = outage
+        """The process's database outage, which leasing reports to as the part "tasks"."""
         self.options = options
         self.names = names
         """The task names this worker leases: the ones it registered (a task of a name it
@@ -123,16 +129,14 @@ class Leaser:
         """Lease up to `want` due tasks (the attempts of the first `start` counted); None if
         the lease failed (after a pause)."""
         try:
-            return await self.take(want, start, limited=self.limited)
-        except (DatabaseUnavailableError, OSError) as exc:
-            events.emit(
-                "worker.db_error",
-                "database unavailable; retrying",
-                level=logging.WARNING,
-                error=str(exc),
-            )
-            await timing.first(stopping, timeout=1.0)
-        except OncelyError as exc:
+            leased = await self.take(want, start, limited=self.limited)
+        except Exception as exc:
+            if self.conns.is_unavailable(exc):  # said once per outage, waited out
+                self.outage.failed(PART, exc)
+                await timing.first(stopping, timeout=self.outage.backoff(PART))
+                return None
+            if not isinstance(exc, OncelyError):
+                raise
             if self.conns.is_busy(exc):
                 await timing.first(stopping, timeout=0.05)
             else:
@@ -140,7 +144,9 @@ class Leaser:
                     "worker.error", "leasing failed; retrying", level=logging.ERROR, error=str(exc)
                 )
                 await timing.first(stopping, timeout=1.0)
-        return None
+            return None
+        self.outage.answered(PART)
+        return leased
 
     async def _next_look(self, stopping: asyncio.Event) -> float:
         """Seconds until the leaser looks again unless woken: `poll` without notifications;

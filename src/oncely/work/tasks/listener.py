@@ -11,18 +11,25 @@ from collections.abc import Sequence
 
 from ...errors import OncelyError
 from ...store import WorkerConnections
+from ..outage import Outage
 from . import timing
 from .wakeups import ROLL_CALL, Heard, Wakeups
 
 logger = logging.getLogger("oncely")
+PART = "listener"
+"""LISTEN, among the parts of a worker that meet an outage."""
 
 
 class Listener:
     """Hears notifications, wakes the leaser at this worker's turn, and speaks for it."""
 
-    def __init__(self, conns: WorkerConnections, wakeups: Wakeups) -> None:
+    def __init__(
+        self, conns: WorkerConnections, wakeups: Wakeups, outage: Outage | None = None
+    ) -> None:
         self.conns = conns
         self.wakeups = wakeups
+        self.outage = outage or Outage("")
+        """The process's database outage, which LISTEN reports to as the part "listener"."""
         self.listening = False
         """Whether notifications wake this worker now (LISTEN up, and its probe came back)."""
         self.woken = asyncio.Event()
@@ -82,8 +89,18 @@ class Listener:
     async def keep_listening(self, closing: asyncio.Event) -> None:
         """Keep LISTEN up while the worker runs: after a failure or a lost connection, try
         again with backoff (the leaser polls every `poll` meanwhile); once it works again,
-        look for tasks at once (some may have been enqueued while no one listened)."""
+        look for tasks at once (some may have been enqueued while no one listened). A
+        connection refused by a database that is down or restarting is the outage's: said
+        once for the process, tried again by its bounded backoff."""
         retry = timing.LISTEN_RETRY_FIRST_S
+        outage = self.outage
+
+        def on_refused(exc: BaseException) -> None:
+            if self.conns.is_unavailable(exc):
+                outage.failed(PART, exc)
+            else:
+                logger.warning("cannot LISTEN for new tasks (%s); polling", exc)
+
         while not closing.is_set():
             lost = asyncio.Event()
 
@@ -93,8 +110,9 @@ class Listener:
                 self.notify()  # the leaser goes back to polling now
 
             try:
-                async with self.conns.listen(self.notify, on_lost) as works:
+                async with self.conns.listen(self.notify, on_lost, on_refused) as works:
                     if works and not lost.is_set():
+                        outage.answered(PART)
                         self.listening = True
                         retry = timing.LISTEN_RETRY_FIRST_S
                         self.notify()
@@ -103,5 +121,8 @@ class Listener:
                 self.listening = False
             if not self.conns.notifies:
                 return  # SQLite: polling is all there is
+            if outage.failing(PART):
+                await timing.first(closing, timeout=outage.backoff(PART))
+                continue
             await timing.first(closing, timeout=retry)
             retry = min(retry * 2, timing.LISTEN_RETRY_MAX_S)

@@ -23,6 +23,7 @@ from ...identity import replica_id
 from ...store import Leased, Store
 from ...tasks import TaskRegistry
 from ..options import WorkerOptions
+from ..outage import Outage
 from . import timing
 from .attempt import AttemptRunner
 from .group import GroupRunner
@@ -42,7 +43,14 @@ logger = logging.getLogger("oncely")
 class TaskWorker:
     """Runs the tasks of a registry from a store, as `options` say."""
 
-    def __init__(self, store: Store, tasks: TaskRegistry, options: WorkerOptions) -> None:
+    def __init__(
+        self,
+        store: Store,
+        tasks: TaskRegistry,
+        options: WorkerOptions,
+        *,
+        outage: Outage | None = None,
+    ) -> None:
         self.store = store
         self.tasks = tasks
         self.options = options
@@ -53,10 +61,12 @@ class TaskWorker:
         """This worker, among the live ones (`oncely_workers`)."""
         self.handed_back = 0
         """Tasks whose attempts the shutdown cancelled and handed back."""
+        self.outage = outage = outage or Outage(self.by)
+        """The process's database outage: leasing and LISTEN report to it."""
         self.conns = conns = store.worker_connections()
         self.leases = leases = Leases()
         self.wakeups = Wakeups(scope_of(options.queues, self.names))
-        self.listener = listener = Listener(conns, self.wakeups)
+        self.listener = listener = Listener(conns, self.wakeups, outage)
         spans: Spans = {}
         self.settler = Settler(conns, leases, self.wakeups, spans)
         self.attempts = AttemptRunner(conns, tasks, options, spans)
@@ -73,6 +83,7 @@ class TaskWorker:
             self.lanes,
             listener,
             self.unrunnable,
+            outage,
         )
         self.leaser.limited = any(
             task.limits.concurrency is not None or task.limits.rate is not None for task in tasks
