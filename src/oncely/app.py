@@ -52,7 +52,7 @@ from .model import (
     TaskRecord,
     TaskState,
 )
-from .registry import Job, JobFunc, KeyFunc, Registry
+from .registry import Job, JobFunc, KeyFunc, Registry, schedule_given
 from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule, default_key
@@ -150,8 +150,9 @@ class Oncely:
         fleet) runs it again later. `catch_up`, `grace` and `overlap` tell the worker what to
         do with missed and overlapping slots (see docs/worker.md). An attempt running longer
         than `timeout` is cancelled and rolled back, and given up as a failure is (see
-        docs/operate.md).
+        docs/operate.md). A bare `@app.job` (no schedule) raises ConfigError at import.
         """
+        schedule_given(schedule)
 
         def register(func: F) -> F:
             self.registry.add_job(

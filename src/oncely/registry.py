@@ -109,6 +109,17 @@ def _check_policy(name: str, catch_up: object, grace: object, overlap: object) -
         )
 
 
+def schedule_given(schedule: object, decorator: str = "@app.job") -> None:
+    """Refuse a job decorator used bare (`@app.job` over a function, without a schedule):
+    it would replace the function and register nothing. ConfigError naming the fix."""
+    if callable(schedule) and not isinstance(schedule, Schedule):
+        name = getattr(schedule, "__name__", repr(schedule))
+        raise ConfigError(
+            f"job {name!r}: {decorator} needs a schedule: write {decorator}(every(...)) or "
+            f"{decorator}(cron(...)) above the function"
+        )
+
+
 def session_first_signature(func: Callable[..., Any], label: str, usage: str) -> inspect.Signature:
     """The signature of a function that takes the session as its first positional parameter.
 
