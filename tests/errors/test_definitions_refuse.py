@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.schedules.conftest import APP, everything, migrate
 from tests.support import run_cli
 
 from oncely import ConfigError, Oncely
@@ -62,3 +63,43 @@ def test_a_cli_command_on_an_app_with_a_bare_job_is_one_line_exit_2(tmp_path: Pa
     )
     assert "@app.job(every(...))" in line, line
     assert not db.exists()
+
+
+LONG = "A" * 10_000
+REFUSED = {
+    "a zone of 10,000 characters": (
+        ["schedules", "add", "x", "--cron", "0 9 * * *", "--tz", LONG, "--job", "report"],
+        "longer than 64 characters",
+    ),
+    "an interval in a zone of 10,000 characters": (
+        ["schedules", "add", "x", "--every", "1h", "--tz", LONG, "--job", "report"],
+        "longer than 64 characters",
+    ),
+    "a schedule name under schedule:": (
+        ["schedules", "add", "schedule:keep", "--every", "1h", "--job", "report"],
+        "names schedule 'keep' in the ledger",
+    ),
+    "a skip of a key of 10,000 characters": (
+        ["skip", "report", LONG, "--reason", "test"],
+        "at most 200 characters",
+    ),
+    "a release of a key of 10,000 characters": (
+        ["release", "report", LONG],
+        "at most 200 characters",
+    ),
+    "a pause of a job name of 10,000 characters": (["pause", LONG], "unknown job"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_over_long_input_is_one_short_line_exit_2_and_changes_nothing(
+    db_url: str, case: str
+) -> None:
+    migrate(db_url)
+    keep = ["schedules", "add", "keep", "--every", "1h", "--job", "report"]
+    assert run_cli("--app", f"{APP}:app", "--database-url", db_url, *keep).returncode == 0
+    before = everything(db_url)
+    args, says = REFUSED[case]
+    line = one_line(run_cli("--app", f"{APP}:app", "--database-url", db_url, *args))
+    assert says in line and len(line) < 400, line
+    assert everything(db_url) == before
