@@ -52,7 +52,7 @@ from .model import (
     TaskRecord,
     TaskState,
 )
-from .registry import Job, JobFunc, KeyFunc, Registry
+from .registry import Job, JobFunc, KeyFunc, Registry, key_problem, schedule_given
 from .retry import RetryPolicy
 from .runner import LISTEN_AFTER, run_slot
 from .schedule import Schedule, default_key
@@ -150,8 +150,9 @@ class Oncely:
         fleet) runs it again later. `catch_up`, `grace` and `overlap` tell the worker what to
         do with missed and overlapping slots (see docs/worker.md). An attempt running longer
         than `timeout` is cancelled and rolled back, and given up as a failure is (see
-        docs/operate.md).
+        docs/operate.md). A bare `@app.job` (no schedule) raises ConfigError at import.
         """
+        schedule_given(schedule)
 
         def register(func: F) -> F:
             self.registry.add_job(
@@ -498,6 +499,7 @@ class Oncely:
         """`release`, saying also whether the slot had been given up (a failed, timed-out or
         cancelled attempt's final record): (the claim deleted, whether a given-up mark was
         cleared). Either way the slot can run again."""
+        _check_key(key)
         action = self._action("release", job, f"{job} {key}", actor, reason)
         claim, given_up = await self.store.control.release(action, job, key, force=force)
         if claim is not None or given_up:
@@ -519,6 +521,7 @@ class Oncely:
         `release_slot` undoes it. Refused (BadInputError) if it ran or runs right now."""
         if not isinstance(reason, str) or not reason.strip():
             raise BadInputError("a skip needs a reason (--reason): it is what verify reports")
+        _check_key(key)
         job = await self.resolve(job)
         action = self._action("skip", job, f"{job} {key}", actor, reason)
         await self.store.control.skip(action, job, key, _slot_of_default_key(key))
@@ -565,7 +568,7 @@ class Oncely:
         Refused (BadInputError, nothing changed) while `old` is still a job of this app: its
         workers would run its slots again under the old name. `force` moves the claims
         anyway, and also the keys `new` does not have when `new` already has claims."""
-        self.registry.check_name(new)
+        self.registry.check_job_name(new)
         if old == new:
             raise BadInputError(f"rename {old!r} to itself: nothing to do")
         if not force and old in {job.name for job in self.registry}:
@@ -1135,6 +1138,13 @@ def _age(delta: timedelta) -> str:
 
 
 _RAISED = (RunStatus.FAILED, RunStatus.TIMEOUT, RunStatus.CANCELLED)
+
+
+def _check_key(key: object) -> None:
+    """BadInputError, before the database, for a slot key no claim can have."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise BadInputError(f"a slot key is {problem}")
 
 
 def _slot_of_default_key(key: str) -> datetime | None:

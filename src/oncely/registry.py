@@ -13,6 +13,7 @@ from . import locks
 from .errors import ConfigError, UnknownJobError
 from .retry import SLOT_POLICY, RetryPolicy
 from .schedule import Schedule, default_key
+from .store import LEDGER_PREFIX
 
 JobFunc = Callable[[Any, datetime], Awaitable[None] | None]
 KeyFunc = Callable[[datetime], str]
@@ -66,18 +67,28 @@ class Job:
         if self.key_func is None:
             return default_key(slot)
         key = self.key_func(slot)
-        if not isinstance(key, str) or not key or len(key) > 200:
-            raise ConfigError(
-                f"job {self.name!r}: key= must return a non-empty str of at most 200 "
-                f"characters, got {key!r}"
-            )
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(
-                f"job {self.name!r}: key= returned {key!r}, which is not valid UTF-8"
-            ) from None
+        problem = key_problem(key)
+        if problem is not None:
+            raise ConfigError(f"job {self.name!r}: key= must return {problem}")
         return key
+
+
+MAX_KEY = 200
+"""Characters: the longest slot key (oncely_runs.key)."""
+
+
+def key_problem(key: object) -> str | None:
+    """What a slot key must be, with what it is, if `key` is not one (else None): a
+    non-empty str of valid UTF-8, at most `MAX_KEY` characters."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY:
+        long = isinstance(key, str) and len(key) > MAX_KEY
+        shown = f"{str(key)[:40]!r}… ({len(str(key))} characters)" if long else repr(key)
+        return f"a non-empty str of at most {MAX_KEY} characters, got {shown:.80}"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"a str of valid UTF-8, got {key!r:.80}"
+    return None
 
 
 def _check_signature(name: str, func: Callable[..., Any], arity: int = 2) -> None:
@@ -106,6 +117,17 @@ def _check_policy(name: str, catch_up: object, grace: object, overlap: object) -
     if grace is not None and (not isinstance(grace, timedelta) or grace <= timedelta(0)):
         raise ConfigError(
             f"job {name!r}: grace must be a positive timedelta or None, got {grace!r}"
+        )
+
+
+def schedule_given(schedule: object, decorator: str = "@app.job") -> None:
+    """Refuse a job decorator used bare (`@app.job` over a function, without a schedule):
+    it would replace the function and register nothing. ConfigError naming the fix."""
+    if callable(schedule) and not isinstance(schedule, Schedule):
+        name = getattr(schedule, "__name__", repr(schedule))
+        raise ConfigError(
+            f"job {name!r}: {decorator} needs a schedule: write {decorator}(every(...)) or "
+            f"{decorator}(cron(...)) above the function"
         )
 
 
@@ -153,7 +175,7 @@ class Registry:
 
         `attempt`: see `Job.attempt` (then `func` is handed the slot's time alone: `f(now)`).
         """
-        job_name = self.check_name(name or getattr(func, "__name__", ""))
+        job_name = self.check_job_name(name or getattr(func, "__name__", ""))
         if not isinstance(schedule, Schedule):
             raise ConfigError(
                 f"job {job_name!r}: the schedule must be cron(...) or every(...), got {schedule!r}"
@@ -193,10 +215,23 @@ class Registry:
         """`name` if it is a valid job name; ConfigError saying what one looks like."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(
-                f"job name {name!r} is not valid: use letters, digits, _ . : - "
+                f"job name {name!r:.80} is not valid: use letters, digits, _ . : - "
                 "(at most 200, starting with a letter or _)"
             )
         return name
+
+    @classmethod
+    def check_job_name(cls, name: object) -> str:
+        """`name` if a code job may take it: valid, and not under `schedule:`, the prefix
+        of the ledger names of schedules kept as data (job `schedule:foo` would claim the
+        slots of schedule `foo`). ConfigError otherwise."""
+        job_name = cls.check_name(name)
+        if job_name.startswith(LEDGER_PREFIX):
+            raise ConfigError(
+                f"job name {job_name!r:.80} starts with {LEDGER_PREFIX!r}, the prefix of the "
+                "ledger names of schedules kept as data: choose another name"
+            )
+        return job_name
 
     def job(self, name: str) -> Job:
         """The job registered under `name`; UnknownJobError lists the known ones."""
@@ -204,7 +239,7 @@ class Registry:
             return self._jobs[name]
         except KeyError:
             known = ", ".join(sorted(self._jobs)) or "none registered"
-            raise UnknownJobError(f"unknown job {name!r} (known jobs: {known})") from None
+            raise UnknownJobError(f"unknown job {name!r:.80} (known jobs: {known})") from None
 
     def __iter__(self) -> Iterator[Job]:
         return iter(sorted(self._jobs.values(), key=lambda j: j.name))

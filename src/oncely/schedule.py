@@ -13,10 +13,12 @@ or hour run on elapsed time (every real half hour fires, the repeated hour inclu
 from __future__ import annotations
 
 import abc
+import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
@@ -27,6 +29,35 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A DST shift moves wall time by at most a few hours; looking back this far from a slot that
 # cronsim's reverse walk found is enough to meet every slot the forward walk would produce.
 _DST_MARGIN = timedelta(hours=3)
+
+
+MAX_ZONE = 64
+"""Characters: the longest time zone name accepted (IANA's longest is 32)."""
+_ZONE_NAME = re.compile(r"^[A-Za-z0-9_+\-/]{1,64}$")
+
+
+def zone_problem(tz: object) -> str | None:
+    """Why `tz` is not a time zone oncely can use (None if it is): a str of at most
+    `MAX_ZONE` characters naming a known IANA zone."""
+    if isinstance(tz, str) and len(tz) > MAX_ZONE:
+        return f"time zone {tz[:40]!r}… is longer than {MAX_ZONE} characters: use an IANA name"
+    unknown = f"unknown time zone {tz!r:.80} (use an IANA name such as 'America/Mexico_City')"
+    if not isinstance(tz, str) or not _ZONE_NAME.match(tz):
+        return unknown
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name no file can have
+        return unknown
+    known = _known_zones()
+    if known and tz not in known:  # a file of the zone database that names no zone: posixrules
+        return unknown
+    return None
+
+
+@functools.cache
+def _known_zones() -> frozenset[str]:
+    """The IANA zones this machine knows (its zone database and the tzdata package)."""
+    return frozenset(available_timezones())
 
 
 def default_key(slot: datetime) -> str:
@@ -105,10 +136,10 @@ class CronSchedule(Schedule):
                 f"cron expression {self.expr!r} must have 5 fields "
                 "(minute hour day-of-month month day-of-week)"
             )
-        try:
-            zone = ZoneInfo(self.tz)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
-            return f"unknown time zone {self.tz!r} (use an IANA name such as 'America/Mexico_City')"
+        problem = zone_problem(self.tz)
+        if problem is not None:
+            return problem
+        zone = ZoneInfo(self.tz)
         object.__setattr__(self, "_zone", zone)
         try:
             next(CronSim(self.expr, datetime(2000, 1, 1, tzinfo=zone)))

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import clock
 from .errors import ConfigError, OncelyError, ScheduleError, UnknownJobError
@@ -31,7 +30,7 @@ from .identity import default_actor, replica_id
 from .model import Claim, RunResult, ScheduleRecord, duration_text
 from .registry import CATCH_UP_CHOICES, OVERLAP_CHOICES, Job, Registry
 from .runner import Guard, run_slot
-from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words
+from .schedule import CronSchedule, Schedule, cron, default_key, every, in_words, zone_problem
 from .store import LEDGER_PREFIX, Action, Store
 from .store import advance_schedule as advance_statement
 from .store import schedule_ledger_name as _ledger_name
@@ -42,6 +41,8 @@ T = TypeVar("T")
 MAX_NAME = 200 - len(LEDGER_PREFIX)
 """Characters: the longest schedule name (its ledger name is a job name of at most 200)."""
 MAX_ACTOR = 255
+MAX_ARGS = 64 * 1024
+"""Bytes: the largest JSON of a schedule's arguments (each worker reads them at every look)."""
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _UNSET: Any = object()
@@ -358,6 +359,8 @@ class Schedules:
             "timeout": timeout,
         }
         given = {k: v for k, v in given.items() if v is not _UNSET}
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise ScheduleError(f"version must be an int, got {version!r:.20}: nothing changed")
         current = await self.get(name)
         actor = _actor(by)
         if version is not None and version != current.version:
@@ -365,8 +368,13 @@ class Schedules:
                 f"schedule {current.name!r} was changed since (it is at version "
                 f"{current.version}, not {version!r:.20}): nothing changed"
             )
+        read = current.version
         if given:
             current = await self._change(current, given, actor)
+        if version is not None and current.version == read:
+            # Nothing written: the version read must still hold when the answer is given
+            # (a change that lands after the read makes this edit stale, whatever its values).
+            await self.store.schedules.confirm(current.name, version)
         if paused is not _UNSET:
             if not isinstance(paused, bool):
                 raise ScheduleError(f"paused must be True or False, got {paused!r:.80}")
@@ -549,6 +557,13 @@ class Schedules:
     def check_new_name(self, name: object) -> str:
         """`name` if a new schedule may take it (valid, not a code job's); ScheduleError."""
         name = _name_arg(name)
+        if name.startswith(LEDGER_PREFIX):
+            # Its ledger name would be `schedule:schedule:…`, and `schedule:<rest>` names
+            # the schedule `<rest>` wherever a command takes a ledger name (release, history).
+            raise ScheduleError(
+                f"schedule name {name!r:.80} starts with {LEDGER_PREFIX!r}, which names schedule "
+                f"{name[len(LEDGER_PREFIX) :]!r:.80} in the ledger: choose another name"
+            )
         if name in {job.name for job in self.jobs}:
             raise ScheduleError(
                 f"{name!r} is the name of a job in the code: choose another schedule name"
@@ -598,6 +613,12 @@ class Schedules:
             check_json(args, "args")
         except OncelyError as exc:
             raise ScheduleError(str(exc)) from None
+        size = len(json.dumps(args, sort_keys=True).encode())
+        if size > MAX_ARGS:
+            raise ScheduleError(
+                f"args are {size} bytes of JSON, over the limit of {MAX_ARGS} (64 KiB): store "
+                "large data in a table of your own and pass its id"
+            )
         if task is not None:
             found = self.tasks.find(task) if isinstance(task, str) else None
             if found is None:
@@ -636,19 +657,14 @@ def _when(expr: object, interval: object, tz: object) -> tuple[str | None, float
         raise ScheduleError("a schedule has exactly one of a cron expression and an interval")
     if tz is None:
         tz = "UTC"
-    if not isinstance(tz, str):
-        raise ScheduleError(f"unknown time zone {tz!r:.80}")
+    problem = zone_problem(tz)
+    if problem is not None:
+        raise ScheduleError(problem)
+    tz = str(tz)
     if expr is None:
         # An interval's slots are multiples of it since the Unix epoch, whatever the zone;
         # the zone is kept (checked) for the time shown, and for a later cron expression.
-        seconds = parse_every(interval)
-        try:
-            ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ScheduleError(
-                f"unknown time zone {tz!r:.80} (use an IANA name such as 'America/Mexico_City')"
-            ) from None
-        return None, seconds, tz
+        return None, parse_every(interval), tz
     if not isinstance(expr, str) or len(expr) > 200:
         raise ScheduleError(f"bad cron expression {expr!r:.80}")
     schedule = CronSchedule(expr, tz)

@@ -11,8 +11,8 @@ from sqlalchemy.dialects import postgresql
 from tests.conftest import _reset_postgres
 from tests.schedules.conftest import everything, fresh_app, rows
 
-from oncely import Oncely
-from oncely.errors import BadInputError, ScheduleError, UnknownScheduleError
+from oncely import Oncely, every
+from oncely.errors import BadInputError, ConfigError, ScheduleError, UnknownScheduleError
 from oncely.model import RunStatus
 from oncely.schedules import describe, ledger_name
 from oncely.store.schedules import LEDGER_PREFIX, last_claims
@@ -88,6 +88,10 @@ BAD_ADDS: dict[str, dict[str, Any]] = {
     "negative grace": {"every": "1h", "job": "report", "grace": -1},
     "zero timeout": {"every": "1h", "job": "report", "timeout": 0},
     "interval in an unknown zone": {"every": "1h", "job": "report", "tz": "Nowhere/City"},
+    "zone of 10,000 characters": {"cron": "0 9 * * *", "tz": "A" * 10_000, "job": "report"},
+    "interval in a zone of 10,000 characters": {"every": "1h", "tz": "A" * 10_000, "job": "report"},
+    "zone that is a file, not a zone": {"every": "1h", "tz": "posixrules", "job": "report"},
+    "args over 64 KiB": {"every": "1h", "job": "report", "args": {"tenant": "x" * 65_536}},
 }
 
 
@@ -104,7 +108,13 @@ async def test_bad_add_is_refused_and_changes_nothing(app: Oncely, db_url: str, 
 
 @pytest.mark.parametrize(
     ("name", "words"),
-    [("keep", "exists already"), ("nightly", "job in the code"), ("bad name!", "not valid")],
+    [
+        ("keep", "exists already"),
+        ("nightly", "job in the code"),
+        ("bad name!", "not valid"),
+        ("schedule:keep", "names schedule 'keep' in the ledger"),
+        ("n" * 10_000, "not valid"),
+    ],
 )
 async def test_a_taken_or_bad_name_is_refused(
     app: Oncely, db_url: str, name: str, words: str
@@ -138,6 +148,60 @@ async def test_update_decides_the_next_slot_from_the_change_on(app: Oncely, db_u
     with pytest.raises(UnknownScheduleError):
         await app.schedules.update("absent", cron="0 9 * * *")
     assert everything(db_url) == before
+
+
+async def test_a_stale_version_is_refused_whatever_its_values_even_if_changed_after_the_read(
+    app: Oncely, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await app.schedules.add("v", every="1h", job="report")
+    read = app.schedules.get
+    other = {"1h": "2h", "2h": "1h"}
+
+    async def read_then_changed_elsewhere(name: str) -> Any:
+        found = await read(name)
+        assert found.every is not None
+        changed = other[f"{found.every / 3600:.0f}h"]
+        app.schedules.update_sync(name, every=changed, by="other")  # commits after the read
+        return found
+
+    for repeated in (True, False):  # the values it was read with, or none
+        loaded = await read("v")
+        repeat = {"every": f"{(loaded.every or 0) / 3600:.0f}h"} if repeated else {}
+        monkeypatch.setattr(app.schedules, "get", read_then_changed_elsewhere)
+        with pytest.raises(ScheduleError, match="changed meanwhile: nothing changed"):
+            await app.schedules.update("v", version=loaded.version, **repeat)
+        monkeypatch.undo()
+        after = await read("v")
+        assert (after.version, after.changed_by) == (loaded.version + 1, "other")
+        assert [a for a, _, _ in audit_rows(db_url)].count("update") == 1 + (not repeated)
+    current = await app.schedules.get("v")
+    same = await app.schedules.update("v", every=current.every, version=current.version)
+    assert same.version == current.version  # a current version that changes nothing: ok
+    with pytest.raises(ScheduleError, match="version must be an int"):
+        await app.schedules.update("v", every="2h", version=True)  # type: ignore[arg-type]
+
+
+async def test_a_schedule_and_a_code_job_never_share_a_ledger_name(
+    app: Oncely, db_url: str
+) -> None:
+    with FrozenClock(T0):
+        await app.schedules.add("foo", every="1h", job="report")
+    with pytest.raises(ConfigError, match="starts with 'schedule:'"):
+        app.job(every(hours=1), name="schedule:foo")(lambda db, now: None)
+    with pytest.raises(ScheduleError, match="starts with 'schedule:'"):
+        await app.schedules.add("schedule:foo", every="1h", job="report")
+    # A code job `foo` deployed beside schedule `foo`: each releases its own claim.
+    app.job(every(hours=1), name="foo")(lambda db, now: None)
+    with FrozenClock(T0 + timedelta(hours=1)):
+        await app.schedules.run_due("foo")
+        await app.run("foo")
+    key = "2026-03-02T09:00:00Z"
+    claims = "SELECT job, key FROM oncely_runs ORDER BY job"
+    assert rows(db_url, claims) == [("foo", key), ("schedule:foo", key)]
+    await app.release("schedule:foo", key)
+    assert rows(db_url, claims) == [("foo", key)]
+    await app.release("foo", key)
+    assert rows(db_url, claims) == []
 
 
 async def test_pause_and_resume_are_audited_and_keep_the_pause_rows(

@@ -70,6 +70,34 @@ BAD = {
     "run unknown": ["schedules", "run", "nope"],
     "resume an active one": ["schedules", "resume", "keep"],
     "name not UTF-8": ["schedules", "show", "k\udcff"],
+    "zone of 10,000 characters": [
+        *ADD,
+        "--cron",
+        "0 9 * * *",
+        "--tz",
+        "A" * 10_000,
+        "--job",
+        "report",
+    ],
+    "a zone database file": [*ADD, "--every", "1h", "--tz", "posixrules", "--job", "report"],
+    "args over 64 KiB": [
+        *ADD,
+        "--every",
+        "1h",
+        "--job",
+        "report",
+        "--args",
+        json.dumps({"tenant": "x" * 65_536}),
+    ],
+    "a name under schedule:": [
+        "schedules",
+        "add",
+        "schedule:keep",
+        "--every",
+        "1h",
+        "--job",
+        "report",
+    ],
 }
 
 

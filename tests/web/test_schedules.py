@@ -8,6 +8,7 @@ a read-only dashboard shows no form. SQLite and Postgres."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -154,10 +155,13 @@ BAD = [
     ({"grace": "-5"}, "grace"),
     ({"timeout": "a while"}, "timeout"),
     ({"name": ""}, "name"),
+    ({"tz": "A" * 10_000}, "longer than 64 characters"),
+    ({"args": json.dumps({"order_id": 1, "note": "x" * 65_536})}, "64 KiB"),
+    ({"name": "schedule:taken"}, "starts with 'schedule:'"),
 ]
 
 
-@pytest.mark.parametrize("change,says", BAD, ids=[str(c) for c, _ in BAD])
+@pytest.mark.parametrize("change,says", BAD, ids=[str(c)[:60] for c, _ in BAD])
 async def test_bad_form_input_shows_the_one_line_error_and_changes_nothing(
     web: Web, change: dict[str, str], says: str
 ) -> None:

@@ -67,6 +67,16 @@ def change_schedule(name: str, version: int, values: dict[str, Any]) -> Any:
     )
 
 
+def confirm_version(name: str, version: int) -> Any:
+    """Touch a schedule iff it is still at `version`, changing nothing: an edit that changes
+    no field, ordered against the changes of others (its row lock; SQLite's write lock)."""
+    return (
+        sa.update(schedules)
+        .where(schedules.c.name == name, schedules.c.version == version)
+        .values(version=schedules.c.version)
+    )
+
+
 def set_state(name: str, expected: str, values: dict[str, Any]) -> Any:
     """Pause or resume a schedule if it is in the `expected` state; RETURNING it."""
     return (
@@ -302,6 +312,14 @@ class ScheduleStore:
             await self._audit(conn, action, result)
         assert row is not None
         return record(row)
+
+    async def confirm(self, name: str, version: int) -> None:
+        """Check, in a write, that a schedule is still at `version` (an edit read at it that
+        changes nothing); ScheduleError if another change came first."""
+        await self._need()
+        async with self._write() as conn:
+            if not (await conn.execute(confirm_version(name, version))).rowcount:
+                await self._refuse_changed(conn, name)
 
     async def _refuse_changed(self, conn: AsyncConnection, name: str) -> None:
         if (await conn.execute(get_schedule(name))).first() is None:

@@ -27,7 +27,7 @@ from ... import hooks
 from ...errors import DatabaseError, DatabaseUnavailableError, OncelyError
 from ...masking import mask_secrets
 from ...model import RunStatus
-from ...registry import Job
+from ...registry import Job, schedule_given
 from ...runner import RAN, SlotOutcome, Stage, fate_writer, not_claimed
 from ...schedule import Schedule
 from ...store import ClaimAnswer, ClaimRequest, Store, borrowed
@@ -111,6 +111,7 @@ class Oncely(core.Oncely):
         """Register `f(now)` to run once per slot of `schedule`, inside
         `transaction.atomic(using=alias)` with the slot's claim; returning commits the ORM
         work and the claim, raising rolls both back and frees the slot."""
+        schedule_given(schedule)
 
         def register(func: F) -> F:
             self.registry.add_job(
