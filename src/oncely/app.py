@@ -44,6 +44,7 @@ from .model import (
     Explanation,
     Pause,
     PlannedSlot,
+    Renamed,
     RunResult,
     RunStatus,
     ScheduleRecord,
@@ -561,13 +562,15 @@ class Oncely:
         force: bool = False,
         actor: str | None = None,
         reason: str | None = None,
-    ) -> tuple[int, int]:
-        """Carry a renamed job's ledger from `old` to `new` (logged and audited), so the new
-        name does not run the slots the old one ran; (claims moved, claims left under `old`).
+    ) -> Renamed:
+        """Carry a renamed job's history from `old` to `new` in one transaction (logged and
+        audited): its claims, pauses, given-up and skipped slots, retry times, releases and
+        other audit rows, and its first appearance, so the new name neither runs the slots
+        the old one ran nor starts the ones it was holding back.
 
-        Refused (BadInputError, nothing changed) while `old` is still a job of this app: its
-        workers would run its slots again under the old name. `force` moves the claims
-        anyway, and also the keys `new` does not have when `new` already has claims."""
+        Refused (BadInputError, nothing changed) if `old` has no history, if `new` has one,
+        and while `old` is still a job of this app (its workers would run the moved slots
+        again under the old name) unless `force`."""
         self.registry.check_job_name(new)
         if old == new:
             raise BadInputError(f"rename {old!r} to itself: nothing to do")
@@ -578,17 +581,20 @@ class Oncely:
                 "the release that names it only NEW, or pass --force)"
             )
         action = self._action("rename", new, f"{old} -> {new}", actor, reason)
-        moved, left = await self.store.control.rename(action, old, new, force=force)
+        done = await self.store.control.rename(action, old, new, force=force)
         events.emit(
             "run.renamed",
-            "claims carried to the job's new name",
+            "job's history carried to its new name",
             level=logging.WARNING,
             job=new,
             old=old,
-            moved=moved,
-            left=left,
+            moved=done.claims,
+            left=0,
+            records=done.records,
+            pauses=done.pauses,
+            audit=done.audit,
         )
-        return moved, left
+        return done
 
     async def task_record(self, task_id: int) -> TaskRecord:
         """One task as it is now (its state, attempts, result); BadInputError if there is no

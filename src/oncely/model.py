@@ -254,6 +254,25 @@ class Release:
     result: str
 
 
+@dataclass(frozen=True)
+class Renamed:
+    """What `rename OLD NEW` carried to the new name, in one transaction: how many claims,
+    attempt records (given-up, skipped-on-purpose, retry and missed marks among them),
+    pauses (open and closed) and audit rows (its releases among them)."""
+
+    claims: int
+    records: int
+    pauses: int
+    audit: int
+
+    def summary(self) -> str:
+        """The counts in words, as the audit row and the CLI say them."""
+        return (
+            f"moved {self.claims} claims, {self.records} attempt records, "
+            f"{self.pauses} pauses, {self.audit} audit rows"
+        )
+
+
 OPERATOR_SKIP = "operator_skip"
 """The outcome of the note an operator's `oncely skip` writes: the slot is skipped on purpose
 (final, with the operator as its replica and the reason as its text)."""

@@ -100,7 +100,7 @@ def test_run_then_operate(env: dict[str, str]) -> None:
     assert applied.stdout.count("ran purge") == 2
     assert "paused purge" in cli("pause", "purge", "--reason", "incident", env=env).stdout
     assert "resumed purge" in cli("resume", "purge", env=env).stdout
-    assert "2 claims moved" in cli("rename", "purge", "purge_v2", "--force", env=env).stdout
+    assert "moved 2 claims" in cli("rename", "purge", "purge_v2", "--force", env=env).stdout
     assert "pause" in cli("audit", env=env).stdout
     assert "pruned" in cli("prune", "--older-than", "1h", env=env).stdout
 

@@ -622,7 +622,7 @@ class Fleet:
         """Rename a job the app still registers, without --force: the model refuses it."""
         new = f"tick_renamed_{rng.randrange(1000)}"
         try:
-            moved, _ = await self.app.rename("tick_latest", new)
+            moved = (await self.app.rename("tick_latest", new)).claims
         except BadInputError as exc:
             await self.note("rename", f"tick_latest -> {new}", f"refused: {exc}")
             return

@@ -84,19 +84,19 @@ def test_rename_carries_the_ledger(db_url: str) -> None:
     assert invoke(db_url, "run", "minutely", "--now", "2026-12-01T10:01:00Z").exit_code == 0
     done = renamed(db_url, "rename", "minutely", "every_minute")
     assert done.exit_code == 0, done.output
-    assert "2 claims moved" in done.stdout
+    assert "moved 2 claims" in done.stdout
     assert claims(db_url) == [("every_minute", KEY), ("every_minute", "2026-12-01T10:01:00Z")]
-    assert audit(db_url) == [("rename", "minutely -> every_minute", "moved 2 claims, left 0")]
-    # NEW has claims now: a second rename into it is refused unless forced.
+    moved = "moved 2 claims, 0 attempt records, 0 pauses, 0 audit rows"
+    assert audit(db_url) == [("rename", "minutely -> every_minute", moved)]
+    # NEW has a history now: a second rename into it is refused, forced or not (two jobs'
+    # histories are never mixed).
     assert invoke(db_url, "run", "minutely", "--now", NOW).exit_code == 0
     before = snapshot(db_url)
-    refused = renamed(db_url, "rename", "minutely", "every_minute")
-    assert refused.exit_code == 2 and "already has 2 claims" in refused.stderr, refused.output
-    assert snapshot(db_url) == before
-    forced = renamed(db_url, "rename", "minutely", "every_minute", "--force")
-    assert forced.exit_code == 0, forced.output
-    assert "0 claims moved; 1 left under minutely" in forced.stdout
-    assert audit(db_url)[-1][2] == "moved 0 claims, left 1 (--force)"
+    for force in ([], ["--force"]):
+        refused = renamed(db_url, "rename", "minutely", "every_minute", *force)
+        assert refused.exit_code == 2, refused.output
+        assert "already has a history (2 claims" in refused.stderr, refused.output
+        assert snapshot(db_url) == before
 
 
 def test_rename_while_old_is_still_registered_is_refused_and_changes_nothing(
@@ -116,7 +116,11 @@ def test_rename_while_old_is_still_registered_is_refused_and_changes_nothing(
     assert forced.exit_code == 0, forced.output
     assert claims(db_url) == [("every_minute", KEY)]
     assert audit(db_url) == [
-        ("rename", "minutely -> every_minute", "moved 1 claims, left 0 (--force)")
+        (
+            "rename",
+            "minutely -> every_minute",
+            "moved 1 claims, 0 attempt records, 0 pauses, 0 audit rows (--force)",
+        )
     ]
 
 

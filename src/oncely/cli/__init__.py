@@ -417,23 +417,28 @@ def release(
 @cli.command()
 @click.argument("old")
 @click.argument("new")
+@click.option("--force", is_flag=True, help="Rename even while OLD is still registered.")
+@click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
 @click.option(
-    "--force",
-    is_flag=True,
-    help="Move OLD's claims even if OLD is still registered or NEW already has some.",
+    "--actor", metavar="NAME", help="Who does this, for the audit trail (default: user@host)."
 )
 @click.pass_obj
 @handled
-def rename(obj: Context, old: str, new: str, force: bool) -> None:
-    """Carry a renamed job's claims from OLD to NEW, so NEW does not re-run OLD's slots.
+def rename(
+    obj: Context, old: str, new: str, force: bool, reason: str | None, actor: str | None
+) -> None:
+    """Carry a renamed job's history from OLD to NEW (claims, pauses, given-up and skipped
+    slots, releases, audit rows, first appearance), so NEW does not re-run OLD's slots.
 
     Run it with the release that names the job NEW, before its workers start. Refused
-    (nothing changed) while OLD is still registered in the app, unless --force. Audited.
+    (nothing changed) if OLD has no history, if NEW has one, and while OLD is still
+    registered in the app, unless --force. One transaction; audited.
     """
     text_arg(old, "OLD")
-    moved, left = obj.call(lambda app: app.rename(old, new, force=force))
-    kept = f"; {left} left under {old} (NEW has those keys)" if left else ""
-    render.echo(f"renamed {old} to {new}: {moved} claims moved{kept}")
+    text_arg(reason, "--reason")
+    text_arg(actor, "--actor")
+    done = obj.call(lambda app: app.rename(old, new, force=force, actor=actor, reason=reason))
+    render.echo(f"renamed {old} to {new}: {done.summary()}")
 
 
 @cli.command()

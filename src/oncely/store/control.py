@@ -24,7 +24,16 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from ..errors import BadInputError, OncelyError, SchemaMissingError, TaskStateError
-from ..model import OPERATOR_SKIP, Attempt, AuditEntry, Claim, Pause, Release, TaskRecord
+from ..model import (
+    OPERATOR_SKIP,
+    Attempt,
+    AuditEntry,
+    Claim,
+    Pause,
+    Release,
+    Renamed,
+    TaskRecord,
+)
 from . import sql, task_queue_sql
 from .database import Database
 from .dialect import Dialect
@@ -544,30 +553,36 @@ class Control:
 
     # -- release, cancel ----------------------------------------------------------------
 
-    async def rename(self, action: Action, old: str, new: str, *, force: bool) -> tuple[int, int]:
-        """Carry job `old`'s claims to `new` with the action's audit row, in one transaction;
-        (claims moved, claims left under `old` because `new` has the same key).
-
-        Refused (BadInputError, nothing written) if `old` has no claims, or if `new` already
-        has some (unless `force`).
-        """
+    async def rename(self, action: Action, old: str, new: str, *, force: bool) -> Renamed:
+        """Carry job `old`'s history to `new` with the action's audit row, in one transaction:
+        its claims, attempt records, pauses, suppressed duplicates, audit rows and first
+        appearance. Refused (BadInputError, nothing written) if `old` has no claims, records
+        or pauses, or if `new` has any (its history and OLD's would be mixed); `force` (OLD still
+        registered) is only said in the audit row."""
         await self._need()
         async with self._write() as conn:
-            has_old = (await conn.execute(sql.claim_count(old))).scalar_one()
-            has_new = (await conn.execute(sql.claim_count(new))).scalar_one()
-            if not has_old:
-                raise BadInputError(f"job {old!r} has no claims: nothing to rename")
-            if has_new and not force:
+            claims, records, paused = (await conn.execute(sql.job_history(old))).one()
+            if not claims + records + paused:
                 raise BadInputError(
-                    f"job {new!r} already has {has_new} claims: nothing renamed "
-                    "(--force moves the keys it does not have)"
+                    f"job {old!r} has no claims, attempt records or pauses: nothing to rename"
                 )
-            moved = int((await conn.execute(sql.rename_claims(old, new))).rowcount or 0)
-            await conn.execute(sql.rename_fates(old, new))
-            left = int(has_old) - moved
+            theirs = (await conn.execute(sql.job_history(new))).one()
+            if sum(theirs):
+                raise BadInputError(
+                    f"job {new!r} already has a history ({theirs[0]} claims, {theirs[1]} "
+                    f"attempt records, {theirs[2]} pauses): nothing renamed (two jobs' "
+                    "histories are never mixed; pick a new name)"
+                )
+            for stmt in sql.rename_rows(old, new, with_duplicates=self.db.has_duplicates):
+                await conn.execute(stmt)
+            audited = int((await conn.execute(sql.rename_audit(old, new))).rowcount or 0)
+            if self.db.has_jobs:
+                for stmt in sql.rename_first_seen(old, new):
+                    await conn.execute(stmt)
+            done = Renamed(int(claims), int(records), int(paused), audited)
             forced = " (--force)" if force else ""
-            await self._audit(conn, action, f"moved {moved} claims, left {left}{forced}")
-        return moved, left
+            await self._audit(conn, action, f"{done.summary()}{forced}")
+        return done
 
     async def release(
         self, action: Action, job: str, key: str, *, force: bool

@@ -216,21 +216,43 @@ def given_up_of(job: str, keys: list[str]) -> sa.Select[Any]:
     )
 
 
-def claim_count(job: str) -> sa.Select[Any]:
-    """How many claims a job has."""
-    return sa.select(sa.func.count()).select_from(runs).where(runs.c.job == job)
+def job_history(job: str) -> sa.Select[Any]:
+    """How many claims, attempt records (given-up, skipped, retry and missed marks with them)
+    and pauses a job has: what a rename looks at on both sides."""
+    counted = [
+        sa.select(sa.func.count()).select_from(t).where(t.c.job == job).scalar_subquery()
+        for t in (runs, attempts, pauses)
+    ]
+    return sa.select(*counted)
 
 
-def rename_claims(old: str, new: str) -> sa.Update:
-    """Carry a job's claims to a new name, except keys the new name already has."""
-    taken = sa.select(runs.c.key).where(runs.c.job == new).scalar_subquery()
-    return sa.update(runs).where(runs.c.job == old, runs.c.key.not_in(taken)).values(job=new)
+def rename_rows(old: str, new: str, *, with_duplicates: bool) -> list[sa.Update]:
+    """Carry a job's claims, attempt records, pauses (open and closed) and suppressed
+    duplicates to a new name that has none of them, one statement per table (claims first)."""
+    tables = [runs, attempts, pauses, *([duplicates] if with_duplicates else [])]
+    return [sa.update(t).where(t.c.job == old).values(job=new) for t in tables]
 
 
-def rename_fates(old: str, new: str) -> sa.Update:
-    """Carry a job's attempt records (its given-up marks and retry times with them) to a new
-    name, so that a slot given up under the old name is not started again under the new."""
-    return sa.update(attempts).where(attempts.c.job == old).values(job=new)
+def rename_audit(old: str, new: str) -> sa.Update:
+    """Carry the audit rows that name a job to its new name, their targets with them (a
+    release's `OLD KEY` becomes `NEW KEY`, which is how explain and verify find it)."""
+    rest = sa.func.substr(audit.c.target, len(old) + 1)
+    named = sa.or_(
+        audit.c.target == old, sa.func.substr(audit.c.target, 1, len(old) + 1) == f"{old} "
+    )
+    target = sa.case((named, sa.literal(new) + rest), else_=audit.c.target)
+    return sa.update(audit).where(audit.c.job == old).values(job=new, target=target)
+
+
+def rename_first_seen(old: str, new: str) -> list[Any]:
+    """Give a job's new name the earlier of the two first appearances, and drop the old
+    name's (a worker of the release with the new name may have recorded one already)."""
+    other = jobs.alias("other")
+    theirs = sa.select(other.c.first_seen).where(other.c.name == old).scalar_subquery()
+    later = sa.delete(jobs).where(jobs.c.name == new, jobs.c.first_seen >= theirs)
+    kept = sa.exists().where(other.c.name == new)
+    moved = sa.update(jobs).where(jobs.c.name == old, ~kept).values(name=new)
+    return [later, moved, sa.delete(jobs).where(jobs.c.name == old)]
 
 
 def clear() -> sa.Delete:
