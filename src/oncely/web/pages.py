@@ -17,7 +17,7 @@ from ..registry import Job
 from ..store import COUNT_CAP, TaskFilter
 from . import schedule_rows, timeline
 from .access import Access
-from .render import Settings, access_of, error, gather, page, pretty
+from .render import Settings, access_of, error, gather, page, pretty, wrong_token
 from .words import dst_shifts, in_words, zone_name
 
 DEFAULT_SLOTS = 48
@@ -34,7 +34,11 @@ TASK_ACTIONS = {
 
 
 async def guard(settings: Settings, request: Request) -> Access | Response:
-    """The request's access, or the 403 page if the resolver refuses it."""
+    """The request's access, or the 403 page if the resolver refuses it (401 or 429 for a
+    wrong bearer token of the dashboard's own `token`)."""
+    refused = wrong_token(settings, request)
+    if refused is not None:
+        return refused
     access = await access_of(settings, request)
     if access is None:
         return error(settings, request, 403, "access refused: this dashboard is not open to you")
