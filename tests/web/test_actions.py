@@ -108,7 +108,9 @@ async def test_release_deletes_the_claim_and_is_audited(web: Web) -> None:
     r = await board.post("/jobs/hourly/release", key=key)
     assert "released hourly" in await _flash(board, r)
     assert _effects(web, "hourly") == []
-    assert web.audit() == [("release", f"hourly {key}", "ana@ops", "released")]
+    ((action, target, actor, result),) = web.audit()
+    assert (action, target, actor) == ("release", f"hourly {key}", "ana@ops")
+    assert result.startswith("released (ran at "), result  # what it freed
 
 
 async def test_release_frees_a_given_up_slot_and_is_audited(web: Web) -> None:

@@ -28,6 +28,7 @@ ACTIONS = frozenset(
         "run",
         "backfill",
         "release",
+        "skip",
         "cancel",
         "task_retry",
         "task_discard",

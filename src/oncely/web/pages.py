@@ -18,7 +18,7 @@ from ..store import COUNT_CAP, TaskFilter
 from . import schedule_rows, timeline
 from .access import Access
 from .render import Settings, access_of, error, gather, page, pretty, wrong_token
-from .words import dst_shifts, in_words, zone_name
+from .words import dst_shifts, in_words, verdict_words, zone_name
 
 DEFAULT_SLOTS = 48
 PAGE_SIZE = 50
@@ -58,6 +58,7 @@ class JobRow:
     last_slot: datetime | None
     last_outcome: str | None
     last_sentence: str | None
+    last_label: str | None
 
 
 def strip(series: dict[str, dict[int, int]], now: datetime) -> dict[str, Any]:
@@ -100,6 +101,7 @@ async def overview(settings: Settings, request: Request) -> Response:
             last_slot=latest.at,
             last_outcome=latest.outcome,
             last_sentence=latest.sentence,
+            last_label=latest.label,
         )
         for job, latest in zip(jobs, last, strict=True)
     ]
@@ -153,6 +155,7 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
         "slots": views,
         "marks": timeline.counts(views),
         "verdict": judged,
+        "verdict_line": verdict_words(judged),
         "outcomes": timeline.OUTCOMES,
         "next": app.next_slots(job.name, now, NEXT_SLOTS),
         "shifts": dst_shifts(job.schedule, now),
@@ -161,6 +164,7 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
         "running": [v for v in views if v.outcome == "running"],
         "plan": None,
         "plan_range": None,
+        "confirm_run": None,
     }
 
 

@@ -32,6 +32,7 @@ from .access import (
     same,
     scripted,
 )
+from .words import MARK_WORDS
 
 FLASH_COOKIE = "oncely_flash"
 READS_AT_ONCE = 4
@@ -65,6 +66,7 @@ class Settings:
         self.env.filters["ms"] = ms
         self.env.filters["mask"] = mask_secrets
         self.env.filters["number"] = lambda n: f"{n:,}"
+        self.env.globals["mark_words"] = MARK_WORDS
 
 
 def iso(t: datetime | None) -> str:
