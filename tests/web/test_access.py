@@ -28,7 +28,7 @@ async def test_a_wrong_token_is_refused_and_changes_nothing(web: Web) -> None:
     r = await board.post("/jobs/hourly/pause")
     assert r.status_code == 403
     wrong = web.board(token=TOKEN, headers={"Authorization": "Bearer guess"})
-    assert (await wrong.post("/jobs/hourly/pause")).status_code == 403
+    assert (await wrong.post("/jobs/hourly/pause")).status_code == 401
     assert web.snapshot() == before
     assert TOKEN not in form
 

@@ -111,7 +111,7 @@ def test_actions_with_the_token_only(migrated: str) -> None:
         form, cookies = {"csrf": form_token(page.text)}, dict(page.cookies)
         wrong = {"Authorization": "Bearer nope"}
         r = httpx.post(f"{url}/jobs/hourly/pause", data=form, cookies=cookies, headers=wrong)
-        assert r.status_code == 403
+        assert r.status_code == 401
         right = {"Authorization": "Bearer t0ken-xyz"}
         r = httpx.post(f"{url}/jobs/hourly/pause", data=form, cookies=cookies, headers=right)
         assert r.status_code == 303

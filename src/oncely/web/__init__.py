@@ -98,6 +98,7 @@ def dashboard(
         post("/jobs/{job}/run", "run", actions.run),
         post("/jobs/{job}/backfill", "backfill", actions.backfill),
         post("/jobs/{job}/release", "release", actions.release),
+        post("/jobs/{job}/skip", "skip", actions.skip),
         post("/jobs/{job}/cancel", "cancel", actions.cancel),
         Route("/tasks", bind(pages.tasks_page)),
         post("/tasks/bulk", None, actions.bulk),

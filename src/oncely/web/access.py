@@ -28,6 +28,7 @@ ACTIONS = frozenset(
         "run",
         "backfill",
         "release",
+        "skip",
         "cancel",
         "task_retry",
         "task_discard",
@@ -210,6 +211,21 @@ class LoginThrottle:
         self._seen.pop(client, None)
 
 
+def bearer(request: Request) -> str | None:
+    """The token of the request's `Authorization: Bearer …` header (None: it has none)."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    token = value.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def scripted(request: Request) -> bool:
+    """Whether the request is a script's: it carries a bearer token and no cookie at all. A
+    browser never adds an `Authorization: Bearer` header by itself (a page of another origin
+    cannot add one without a CORS preflight the dashboard never answers), so such a request
+    needs no CSRF token; one that carries a cookie is a browser's session and does."""
+    return bearer(request) is not None and not request.headers.get("cookie")
+
+
 def token_resolver(token: str | None, *, allow_actions: bool, sessions: Sessions) -> Resolver:
     """The resolver of `oncely web`: read-only, or with `token` every action for a request
     that carries it (`Authorization: Bearer T`) or a live session of `POST /login`."""
@@ -217,9 +233,7 @@ def token_resolver(token: str | None, *, allow_actions: bool, sessions: Sessions
     def resolver(request: Request) -> Permission:
         if token is None or not allow_actions:
             return "read"
-        header = request.headers.get("authorization", "")
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and same(value.strip(), token):
+        if same(bearer(request), token):
             return Grant("all", actor=f"web:token@{client_of(request)}")
         if sessions.alive(request.cookies.get(SESSION_COOKIE)):
             return Grant("all", actor=f"web:token@{client_of(request)}")

@@ -6,7 +6,7 @@ such job or task), 400 (bad input; the API's refusals too), each with nothing ch
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from starlette.datastructures import FormData
@@ -26,6 +26,7 @@ from .pages import (
     tasks_page_context,
 )
 from .render import Settings, error, forged, page, redirect
+from .words import ran_before, slot_words
 
 BULK_MAX = 1000
 """The most tasks one bulk action changes (the confirmation says how many match)."""
@@ -110,7 +111,8 @@ async def run(settings: Settings, request: Request, access: Access, form: FormDa
     """Run one slot now (default: the latest due one), as a one-slot backfill: its claim,
     its transaction, its audit row (action `run_slot`); a slot that ran before is not run
     again, and one not due yet is refused (the form's `allow_future=1` runs it on purpose,
-    audited)."""
+    audited). A slot that ran and was released asks first (it would run a second time);
+    `confirm=1` runs it."""
     app = settings.app
     name = request.path_params["job"]
     job = app.registry.job(name)
@@ -123,6 +125,10 @@ async def run(settings: Settings, request: Request, access: Access, form: FormDa
             f"bad slot {at.isoformat()}: {name} has no slot then (the one before is "
             f"{slot.at.isoformat()}): nothing ran"
         )
+    if _field(form, "confirm") != "1":
+        asked = await _confirm_second_run(settings, request, access, name, at)
+        if asked is not None:
+            return asked
     results = await app.backfill(
         job.name,
         at,
@@ -137,6 +143,19 @@ async def run(settings: Settings, request: Request, access: Access, form: FormDa
     if failed and failed[0].error is not None:
         text += f" ({type(failed[0].error).__name__}: {failed[0].error})"
     return redirect(request, f"/jobs/{name}", text)
+
+
+async def _confirm_second_run(
+    settings: Settings, request: Request, access: Access, name: str, at: datetime
+) -> Response | None:
+    """The job page asking to confirm, when the slot ran once and was released (running it
+    now runs its effects a second time); None: the slot never ran, nothing to ask."""
+    explanation = await settings.app.explain(name, at)
+    if ran_before(explanation) is None:
+        return None
+    context = await job_context(settings, request, name)
+    context["confirm_run"] = {"slot": at, "words": slot_words(explanation)}
+    return page(settings, request, "job.html", access, **context)
 
 
 async def backfill(
@@ -178,6 +197,20 @@ async def release(settings: Settings, request: Request, access: Access, form: Fo
     if claim is None and not given_up:
         raise BadInputError(f"{name} has no claim with key {key!r}: nothing released")
     return redirect(request, f"/jobs/{name}", f"released {name} {key}: the slot can run again")
+
+
+async def skip(settings: Settings, request: Request, access: Access, form: FormData) -> Response:
+    """Settle a slot that did not run (given up) as skipped on purpose, with a reason."""
+    app = settings.app
+    name = request.path_params["job"]
+    app.registry.job(name)
+    key, reason = _field(form, "key"), _reason(form)
+    if key is None:
+        raise BadInputError("skip needs the slot's key: nothing changed")
+    if reason is None:
+        raise BadInputError("a skip needs a reason: it is what verify reports (nothing changed)")
+    await app.skip_slot(name, key, reason=reason, actor=access.actor)
+    return redirect(request, f"/jobs/{name}", f"skipped {name} {key} on purpose: {reason}")
 
 
 async def cancel(settings: Settings, request: Request, access: Access, form: FormData) -> Response:

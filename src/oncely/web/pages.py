@@ -17,8 +17,8 @@ from ..registry import Job
 from ..store import COUNT_CAP, TaskFilter
 from . import schedule_rows, timeline
 from .access import Access
-from .render import Settings, access_of, error, gather, page, pretty
-from .words import dst_shifts, in_words, zone_name
+from .render import Settings, access_of, error, gather, page, pretty, wrong_token
+from .words import dst_shifts, in_words, verdict_words, zone_name
 
 DEFAULT_SLOTS = 48
 PAGE_SIZE = 50
@@ -34,7 +34,11 @@ TASK_ACTIONS = {
 
 
 async def guard(settings: Settings, request: Request) -> Access | Response:
-    """The request's access, or the 403 page if the resolver refuses it."""
+    """The request's access, or the 403 page if the resolver refuses it (401 or 429 for a
+    wrong bearer token of the dashboard's own `token`)."""
+    refused = wrong_token(settings, request)
+    if refused is not None:
+        return refused
     access = await access_of(settings, request)
     if access is None:
         return error(settings, request, 403, "access refused: this dashboard is not open to you")
@@ -54,6 +58,7 @@ class JobRow:
     last_slot: datetime | None
     last_outcome: str | None
     last_sentence: str | None
+    last_label: str | None
 
 
 def strip(series: dict[str, dict[int, int]], now: datetime) -> dict[str, Any]:
@@ -96,6 +101,7 @@ async def overview(settings: Settings, request: Request) -> Response:
             last_slot=latest.at,
             last_outcome=latest.outcome,
             last_sentence=latest.sentence,
+            last_label=latest.label,
         )
         for job, latest in zip(jobs, last, strict=True)
     ]
@@ -149,6 +155,7 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
         "slots": views,
         "marks": timeline.counts(views),
         "verdict": judged,
+        "verdict_line": verdict_words(judged),
         "outcomes": timeline.OUTCOMES,
         "next": app.next_slots(job.name, now, NEXT_SLOTS),
         "shifts": dst_shifts(job.schedule, now),
@@ -157,6 +164,7 @@ async def job_context(settings: Settings, request: Request, name: str) -> dict[s
         "running": [v for v in views if v.outcome == "running"],
         "plan": None,
         "plan_range": None,
+        "confirm_run": None,
     }
 
 

@@ -24,11 +24,15 @@ from .access import (
     LoginThrottle,
     Resolver,
     Sessions,
+    bearer,
+    client_of,
     mac,
     new_secret,
     resolve,
     same,
+    scripted,
 )
+from .words import MARK_WORDS
 
 FLASH_COOKIE = "oncely_flash"
 READS_AT_ONCE = 4
@@ -62,6 +66,7 @@ class Settings:
         self.env.filters["ms"] = ms
         self.env.filters["mask"] = mask_secrets
         self.env.filters["number"] = lambda n: f"{n:,}"
+        self.env.globals["mark_words"] = MARK_WORDS
 
 
 def iso(t: datetime | None) -> str:
@@ -120,9 +125,13 @@ def cross_origin(request: Request) -> bool:
 
 def forged(settings: Settings, request: Request, form: Any) -> str | None:
     """Why a POST is refused as not the dashboard's own form (None: it is): another
-    origin sent it, or it lacks the CSRF token of its session."""
+    origin sent it, or it lacks the CSRF token of its session. A script's request (a bearer
+    token, no cookie: `access.scripted`) needs no CSRF token; whether its token is good is
+    the resolver's to say."""
     if cross_origin(request):
         return "refused: a page of another origin sent this request: nothing changed"
+    if scripted(request):
+        return None
     given = form.get("csrf")
     if not isinstance(given, str) or not same(given, csrf_token(settings, request)):
         return "missing or wrong CSRF token: nothing changed (reload the page and retry)"
@@ -175,6 +184,31 @@ def error(
     return page(
         settings, request, "error.html", access, status=status, message=mask_secrets(message)
     )
+
+
+def wrong_token(settings: Settings, request: Request) -> Response | None:
+    """The refusal of a request whose bearer token is not the dashboard's own `token`
+    (401), or from a client throttled for too many wrong tokens (429, the right one too),
+    as `POST /login` is; None: no bearer token, a resolver of the host app's, or the right
+    token."""
+    given = bearer(request)
+    if given is None or settings.token is None:
+        return None
+    client = client_of(request)
+    wait = settings.throttle.wait(client)
+    if wait:
+        return error(
+            settings,
+            request,
+            429,
+            f"too many wrong tokens from {client}: refused; try again in {wait:.0f} s "
+            "(nothing changed)",
+        )
+    if not same(given, settings.token):
+        settings.throttle.failed(client)
+        return error(settings, request, 401, "wrong bearer token: refused (nothing changed)")
+    settings.throttle.passed(client)
+    return None
 
 
 def redirect(request: Request, to: str, flash: str) -> Response:

@@ -51,6 +51,7 @@ class ScheduleRow:
     last_slot: datetime | None
     last_outcome: str | None
     last_sentence: str | None
+    last_label: str | None = None
 
 
 async def rows(
@@ -81,6 +82,7 @@ async def rows(
             last_slot=latest.at,
             last_outcome=latest.outcome,
             last_sentence=latest.sentence,
+            last_label=latest.label,
         )
         for r, latest in zip(records, last, strict=True)
     ]

@@ -3,7 +3,9 @@ actions: add, edit, pause, resume, remove (after a confirmation) and run its due
 
 Each change calls one `app.schedules` method with the resolver's actor, which writes the
 audit row; the page adds no other way of changing a schedule. Bad input shows the form
-again, filled in as it was sent, with the one-line error, and changes nothing."""
+again, filled in as it was sent, with the one-line error at the top of the page (focused,
+`role=alert`, a link down to the form), and changes nothing; the list page stays on the
+page of schedules it was on."""
 
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ async def list_context(
         "catch_ups": CATCH_UP,
         "overlaps": OVERLAP,
         "form_error": None,
+        "form_id": "add-form",
     }
 
 
@@ -140,6 +143,7 @@ async def schedule_context(
         "catch_ups": CATCH_UP,
         "overlaps": OVERLAP,
         "form_error": None,
+        "form_id": "edit-form",
         "confirm_remove": False,
     }
 

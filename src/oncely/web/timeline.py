@@ -10,9 +10,10 @@ from datetime import datetime, timedelta
 
 from ..app import Oncely
 from ..explain import explain_slot
-from ..model import Attempt, Claim, Explanation, Pause
+from ..model import Attempt, Claim, Explanation, Pause, Release
 from ..registry import Job
 from .render import gather
+from .words import ran_before, slot_label, slot_words
 
 MAX_SLOTS = 500
 """The most slots one timeline shows (`?n=`)."""
@@ -25,9 +26,11 @@ OUTCOMES = (
     "paused",
     "missed",
     "running",
+    "released",
+    "skipped",
     "before_job",
 )
-"""The colours of a timeline's marks."""
+"""The colours of a timeline's marks (in words: `words.MARK_WORDS`)."""
 
 _OUTCOME = {
     "ran": "ran",
@@ -37,6 +40,8 @@ _OUTCOME = {
     "timeout": "timed_out",
     "cancelled": "cancelled",
     "paused": "paused",
+    "released": "released",
+    "skipped": "skipped",
     "before_job": "before_job",
 }
 
@@ -69,6 +74,26 @@ class SlotView:
     def duration(self) -> float | None:
         return self.claim.duration if self.claim is not None else None
 
+    @property
+    def label(self) -> str:
+        """The outcome in a few plain words (`given up`, `waiting for retry`)."""
+        return slot_label(self.explanation)
+
+    @property
+    def words(self) -> str:
+        """What became of the slot, in a plain sentence (`words.slot_words`)."""
+        return slot_words(self.explanation)
+
+    @property
+    def given_up(self) -> bool:
+        """Whether the slot's budget is spent: a release or a skip on purpose settles it."""
+        return self.claim is None and bool(self.explanation.fields.get("given_up"))
+
+    @property
+    def ran_before(self) -> bool:
+        """Whether the slot ran once and was released: running it now runs it a second time."""
+        return self.claim is None and ran_before(self.explanation) is not None
+
 
 def expected_slots(job: Job, now: datetime, n: int) -> list[datetime]:
     """The last `n` slots of a job due at or before `now`, oldest first."""
@@ -86,21 +111,26 @@ def expected_slots(job: Job, now: datetime, n: int) -> list[datetime]:
 async def timeline(
     app: Oncely, job: Job, now: datetime, n: int, first_seen: datetime | None = None
 ) -> list[SlotView]:
-    """The last `n` slots of `job`, oldest first, each explained (`first_seen`: when the job
-    first appeared; a slot before it with no record is `before_job`, not missed)."""
+    """The last `n` slots of `job`, oldest first, each explained with its releases and the
+    job's retry budget (`first_seen`: when the job first appeared; a slot before it with no
+    record and no release is `before_job`, not missed)."""
     slots = expected_slots(job, now, n)
     if not slots:
         return []
     keys = [job.key_for(s) for s in slots]
     store = app.store
     control = store.control
-    claims, now_running, records, duplicates, pauses = await gather(
+    claims, now_running, records, duplicates, pauses, released = await gather(
         control.claims(job.name, keys),
         control.running(job.name),
         store.views.window_records(job.name, slots[0], slots[-1]),
         store.views.duplicates_of(job.name, keys),
         control.job_pauses(job.name),
+        control.releases(job.name, since=slots[0]),
     )
+    releases: dict[str, list[Release]] = {}
+    for rel in released:
+        releases.setdefault(rel.key, []).append(rel)
     running = {a.key: a for a in now_running}
     alive = {a.id for a in running.values()}
     by_key: dict[str | None, list[Attempt]] = {}
@@ -122,6 +152,8 @@ async def timeline(
             records=mine,
             pauses=pauses,
             first_seen=first_seen,
+            releases=releases.get(key, ()),
+            budget=job.policy.attempts,
         )
         views.append(
             SlotView(
@@ -146,6 +178,8 @@ class LastSlot:
     outcome: str | None
     sentence: str | None
     claim: Claim | None
+    label: str | None = None
+    """The outcome in plain words (`words.slot_label`)."""
 
 
 def counts(views: list[SlotView]) -> dict[str, int]:
@@ -200,7 +234,16 @@ async def last_outcomes(
             records=mine,
             pauses=[pause] if pause is not None else [],
             first_seen=first_seen.get(job.name),
+            budget=job.policy.attempts,
         )
         claim = claims.get((job.name, key))
-        found.append(LastSlot(slot, outcome_of(explanation.answer), explanation.sentence, claim))
+        found.append(
+            LastSlot(
+                slot,
+                outcome_of(explanation.answer),
+                slot_words(explanation),
+                claim,
+                slot_label(explanation),
+            )
+        )
     return found

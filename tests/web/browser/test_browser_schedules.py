@@ -3,13 +3,15 @@ each step read back from the database (the schedule's row, its audit rows)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 from typing import Any
 
 import pytest
 from tests.support import wait_until
-from tests.web.browser.conftest import Site, login
+from tests.web.browser.conftest import VIEWPORT, Site, login
 from tests.web.browser.test_browser_dashboard import utc
 
 pytestmark = pytest.mark.timeout(240)
@@ -132,3 +134,68 @@ def test_the_due_slot_run_twice_from_the_browser_runs_once(site: Site, page: Any
     assert [as_json(args) for (args,) in tasks] == [{"account": 9}] * len(tasks)
     page.reload()
     assert page.get_by_test_id("slot-mark").count() >= 1
+
+
+def add_schedules(site: Site, n: int) -> None:
+    """`n` schedules (`s000`, `s001`, …) through the public API, on one event loop in a
+    thread of its own (Playwright's loop holds this thread)."""
+    from oncely import Oncely
+
+    async def go() -> None:
+        app = Oncely(site.db_url)
+        app.task(name="sync_crm")(_nothing)
+        try:
+            for i in range(n):
+                await app.schedules.add(f"s{i:03d}", every=3600, task="sync_crm")
+        finally:
+            await app.aclose()
+
+    failed: list[BaseException] = []
+
+    def thread() -> None:
+        try:
+            asyncio.run(go())
+        except BaseException as exc:  # raised again in the test's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive() and not failed, failed
+
+
+async def _nothing(db: Any, account: int = 0) -> None:
+    pass
+
+
+def test_a_bad_schedule_added_below_a_long_list_shows_its_error_at_the_top(
+    site: Site, page: Any
+) -> None:
+    """The list page is thousands of px tall with 100 schedules: the error of a refused add is at
+    the top of the page, in view without scrolling, focused and announced (role=alert); the
+    form keeps what was sent and the list stays on its page."""
+    add_schedules(site, 160)
+    login(page, site)
+    page.goto(f"{site.url}/schedules?after=s049")
+    assert page.evaluate("document.body.scrollHeight") > 3 * VIEWPORT["height"]
+    form = page.get_by_test_id("add-form")
+    form.get_by_test_id("field-name").fill("bad-one")
+    form.get_by_test_id("field-cron").fill("61 * * * *")
+    form.get_by_test_id("field-target").select_option("task:sync_crm")
+    with page.expect_navigation() as landed:
+        form.get_by_test_id("add").click()
+    assert landed.value.status == 400
+    shown = page.get_by_test_id("error")
+    assert "61 * * * *" in shown.inner_text() and "nothing changed" in shown.inner_text()
+    assert shown.get_attribute("role") == "alert"
+    assert page.evaluate("window.scrollY") == 0
+    box = shown.bounding_box()
+    assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= VIEWPORT["height"]
+    assert page.evaluate("document.activeElement.dataset.testid") == "error"
+    form = page.get_by_test_id("add-form")
+    assert form.get_by_test_id("field-name").input_value() == "bad-one"
+    assert form.get_by_test_id("field-cron").input_value() == "61 * * * *"
+    names = page.get_by_test_id("schedule-link").all_inner_texts()
+    assert names[0] == "s050" and len(names) == 100  # the page it was on
+    assert site.rows("SELECT name FROM oncely_schedules WHERE name = 'bad-one'") == []
+    assert [a for a in audit(site) if a[0] != "add" or a[1] == "schedule:bad-one"] == []
