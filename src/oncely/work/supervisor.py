@@ -146,9 +146,14 @@ async def serve(
     stopped_at: list[float] = []
     watch = asyncio.create_task(_when_set(stopping, stopped_at))
     try:
-        if not await _reachable(store, parts.outage, options.startup_wait, stopping):
-            for part in parts.parts:
-                part.close()  # stopped while waiting: none of them started
+        reachable = False
+        try:
+            reachable = await _reachable(store, parts.outage, options.startup_wait, stopping)
+        finally:
+            if not reachable:  # refused, or stopped while waiting
+                for part in parts.parts:
+                    part.close()  # none of them started
+        if not reachable:
             return
         running = [asyncio.create_task(part) for part in parts.parts]
         await _until_all_done_or_one_fails(running, stopping)
