@@ -45,7 +45,7 @@ from .access import (
     same,
     token_resolver,
 )
-from .render import Redactor, Settings, base, error, forged, page, redirect
+from .render import Redactor, Settings, base, error, forged, page, redirect, throttled
 
 __all__ = ["ACTIONS", "Grant", "Permission", "Resolver", "dashboard"]
 
@@ -192,14 +192,9 @@ async def login(settings: Settings, request: Request) -> Response:
     """Exchange the token for a new server-side session (an HttpOnly, SameSite=Strict
     cookie); wrong tokens from one client are throttled."""
     client = client_of(request)
-    wait = settings.throttle.wait(client)
-    if wait:
-        return error(
-            settings,
-            request,
-            429,
-            f"too many wrong tokens from {client}: not logged in; try again in {wait:.0f} s",
-        )
+    too_many = throttled(settings, request, client, "not logged in")
+    if too_many is not None:
+        return too_many
     form = await request.form()
     try:
         refused = forged(settings, request, form)

@@ -186,6 +186,20 @@ def error(
     )
 
 
+def throttled(settings: Settings, request: Request, client: str, what: str) -> Response | None:
+    """429 for a client throttled for too many wrong tokens (`what`: what became of its
+    request), or None."""
+    wait = settings.throttle.wait(client)
+    if not wait:
+        return None
+    return error(
+        settings,
+        request,
+        429,
+        f"too many wrong tokens from {client}: {what}; try again in {wait:.0f} s",
+    )
+
+
 def wrong_token(settings: Settings, request: Request) -> Response | None:
     """The refusal of a request whose bearer token is not the dashboard's own `token`
     (401), or from a client throttled for too many wrong tokens (429, the right one too),
@@ -195,15 +209,9 @@ def wrong_token(settings: Settings, request: Request) -> Response | None:
     if given is None or settings.token is None:
         return None
     client = client_of(request)
-    wait = settings.throttle.wait(client)
-    if wait:
-        return error(
-            settings,
-            request,
-            429,
-            f"too many wrong tokens from {client}: refused; try again in {wait:.0f} s "
-            "(nothing changed)",
-        )
+    refused = throttled(settings, request, client, "refused (nothing changed)")
+    if refused is not None:
+        return refused
     if not same(given, settings.token):
         settings.throttle.failed(client)
         return error(settings, request, 401, "wrong bearer token: refused (nothing changed)")
